@@ -1,0 +1,1 @@
+"""The network: configuration presets, layers, attention with a KV cache, and the architectures."""

@@ -1,0 +1,32 @@
+"""Logical axis names: the one vocabulary shared by parameters, activations and the mesh rules.
+
+Every parameter of the network is annotated with a tuple of these names (one per dimension), and
+key activations are constrained with them. `t2t.partitioning` maps the names to mesh axes
+(`data`, `model`) through a single rules table, so changing how a model is sharded never touches
+the network code.
+
+Parameter axes and activation axes are deliberately distinct names: a parameter's `embed`
+dimension may be sharded over `data` (fully sharded data parallel) while an activation's embed
+dimension must not be, because its batch dimension already uses `data`.
+"""
+
+# Parameter axes.
+VOCAB = "vocab"
+EMBED = "embed"
+MLP = "mlp"
+HEADS = "heads"
+KV = "kv"
+JOINED_KV = "joined_kv"  # heads * d_kv flattened: attention kernels stay 2-D for Adafactor.
+RELPOS_BUCKETS = "relpos_buckets"
+
+# Activation axes.
+ACT_BATCH = "activation_batch"
+ACT_LENGTH = "activation_length"
+ACT_EMBED = "activation_embed"
+ACT_MLP = "activation_mlp"
+ACT_HEADS = "activation_heads"
+ACT_KV = "activation_kv"
+ACT_VOCAB = "activation_vocab"
+
+PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS)
+ACTIVATION_AXES = (ACT_BATCH, ACT_LENGTH, ACT_EMBED, ACT_MLP, ACT_HEADS, ACT_KV, ACT_VOCAB)
