@@ -31,7 +31,11 @@ def cross_entropy_with_z_loss(
       (loss [B, T], z_loss [B, T]) float32; `loss` already includes the z term.
     """
     logits = logits.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
+    # NOTE: the max only stabilizes the exponent; stopping its gradient before taking it keeps
+    # the backward pass free of the argmax comparison over [B, T, V] that a differentiated max
+    # (as in jax.nn.logsumexp) would add.
+    shift = jnp.max(jax.lax.stop_gradient(logits), axis=-1, keepdims=True)  # [B, T, 1]
+    log_z = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) + shift[..., 0]  # [B, T]
     target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)
     z_term = z_loss * jnp.square(log_z)  # [B, T]
     return log_z - target_logits[..., 0] + z_term, z_term

@@ -61,8 +61,50 @@ def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None) -> jax.Array:
     """Inverted dropout; the identity when `rngs` is None (deterministic) or `rate` is 0."""
     if rngs is None or rate == 0.0:
         return x
-    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
+    # P(keep) = 1 - rate, exact to 2**-32.
+    keep = hashed_bits(rngs.dropout(), x.shape) >= jnp.uint32(round(rate * 2**32))
     return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def _mix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer: a bijection on uint32 with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def hashed_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform uint32 bits of `shape`, a keyed hash of each element's index.
+
+    NOTE: `jax.random.bits` costs ~30 ns per element on CPU with either threefry or rbg keys
+    (0.54 s for one [8, 8, 512, 512] attention-weights mask, ~4 s per T5-small training step at
+    dropout 0.1) and multiplies compile time. Two rounds of a keyed integer hash over the element
+    index cost ~3 ns per element, and only the two 32-bit seeds come from `jax.random`. Dropout
+    needs independence between elements and between keys, not cryptographic strength.
+
+    Args:
+      key: a `jax.random` key (any implementation).
+      shape: the output shape.
+
+    Returns:
+      [*shape] uint32.
+    """
+    seeds = jax.random.bits(key, (2,), jnp.uint32)
+    if not shape:
+        return _mix32(_mix32(seeds[0]) ^ seeds[1])
+    # Index within the last two dimensions, and within the leading ones: neither overflows
+    # uint32 for any realistic tensor, unlike a single flat index.
+    rank = len(shape)
+    low = jax.lax.broadcasted_iota(jnp.uint32, shape, rank - 1)
+    high = jnp.zeros(shape, jnp.uint32)
+    if rank >= 2:
+        low = low + jax.lax.broadcasted_iota(jnp.uint32, shape, rank - 2) * jnp.uint32(shape[-1])
+    for axis in range(rank - 2):
+        high = high * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+    h = _mix32(low * jnp.uint32(0x9E3779B9) + seeds[0])
+    return _mix32(h ^ (high * jnp.uint32(0x7FEB352D) + seeds[1]))
 
 
 class Dense(nnx.Module):

@@ -1,0 +1,130 @@
+"""Cross-entropy with z-loss and the loss normalizing factors, against direct numpy formulas."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t2t import losses
+
+
+def numpy_token_losses(logits, targets, z_loss):
+    logits = logits.astype(np.float64)
+    log_z = np.log(np.sum(np.exp(logits), -1))
+    target_logits = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    return log_z - target_logits + z_loss * log_z**2, z_loss * log_z**2
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.RandomState(0)
+    logits = (rng.randn(3, 5, 11) * 4).astype(np.float32)
+    targets = rng.randint(1, 11, (3, 5))
+    targets[1, 3:] = 0
+    targets[2, 1:] = 0
+    return logits, targets
+
+
+def test_worked_example_from_the_docstring():
+    logits = jnp.array([[[0.0, np.log(3.0)], [0.0, np.log(3.0)]]])
+    targets = jnp.array([[1, 1]])
+    loss, z = losses.cross_entropy_with_z_loss(logits, targets, z_loss=1e-4)
+    np.testing.assert_allclose(z, [[1e-4 * np.log(4) ** 2] * 2], rtol=1e-6)
+    np.testing.assert_allclose(loss[0, 0], np.log(4 / 3) + 1e-4 * np.log(4) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(loss[0, 0], 0.2877 + 1.922e-4, rtol=1e-4)
+    total, _ = losses.compute_weighted_loss(logits, targets, jnp.array([[1.0, 0.0]]),
+                                            loss_normalizing_factor="num_total_target_tokens")
+    np.testing.assert_allclose(total, (0.2877 + 1.922e-4) / 2, rtol=1e-4)
+
+
+def test_token_losses_match_numpy(batch):
+    logits, targets = batch
+    loss, z = losses.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets), 1e-4)
+    expected_loss, expected_z = numpy_token_losses(logits, targets, 1e-4)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    np.testing.assert_allclose(z, expected_z, rtol=1e-5)
+    plain, zero = losses.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets))
+    np.testing.assert_allclose(plain, expected_loss - expected_z, rtol=1e-5)
+    assert not np.any(zero)
+
+
+def test_bfloat16_logits_are_computed_in_float32(batch):
+    logits, targets = batch
+    loss, _ = losses.cross_entropy_with_z_loss(jnp.asarray(logits, jnp.bfloat16), targets, 1e-4)
+    assert loss.dtype == jnp.float32
+    rounded = np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float32)
+    np.testing.assert_allclose(loss, numpy_token_losses(rounded, targets, 1e-4)[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", [None, 233472.0, "num_real_target_tokens",
+                                  "num_total_target_tokens"])
+def test_normalizing_modes(batch, mode):
+    logits, targets = batch
+    weights = (targets > 0).astype(np.float32)
+    token_loss, token_z = numpy_token_losses(logits, targets, 1e-4)
+    divisor = {None: 1.0, 233472.0: 233472.0, "num_real_target_tokens": weights.sum(),
+               "num_total_target_tokens": 15.0}[mode]
+    loss, aux = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
+                                             z_loss=1e-4, loss_normalizing_factor=mode)
+    np.testing.assert_allclose(loss, np.sum(token_loss * weights) / divisor, rtol=1e-5)
+    np.testing.assert_allclose(aux["z_loss"], np.sum(token_z * weights) / divisor, rtol=1e-5)
+    np.testing.assert_allclose(aux["cross_ent_loss"], loss - aux["z_loss"], rtol=1e-6)
+    assert float(aux["weight_sum"]) == weights.sum() == 9
+    assert float(aux["loss_normalizing_factor"]) == pytest.approx(divisor)
+
+
+def test_explicit_weights_are_used(batch):
+    logits, targets = batch
+    weights = np.random.RandomState(1).rand(3, 5).astype(np.float32)
+    loss, _ = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
+                                           jnp.asarray(weights), z_loss=0.0)
+    expected = np.sum(numpy_token_losses(logits, targets, 0.0)[0] * weights)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+
+
+def test_gradient_equals_one_hot_reference(batch):
+    logits, targets = batch
+    weights = (targets > 0).astype(np.float32)
+
+    def one_hot_reference(logits):
+        one_hot = jax.nn.one_hot(targets, logits.shape[-1])
+        log_z = jax.nn.logsumexp(logits, -1)
+        cross_entropy = -jnp.sum(one_hot * jax.nn.log_softmax(logits), -1)
+        return jnp.sum((cross_entropy + 1e-4 * log_z**2) * weights) / weights.sum()
+
+    def ours(logits):
+        return losses.compute_weighted_loss(
+            logits, jnp.asarray(targets), z_loss=1e-4,
+            loss_normalizing_factor="num_real_target_tokens")[0]
+
+    np.testing.assert_allclose(jax.grad(ours)(jnp.asarray(logits)),
+                               jax.grad(one_hot_reference)(jnp.asarray(logits)), atol=1e-6)
+
+
+def test_no_one_hot_tensor_in_the_loss_or_its_gradient(batch):
+    logits, targets = batch
+
+    def loss(logits):
+        return losses.compute_weighted_loss(logits, jnp.asarray(targets))[0]
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.asarray(logits))
+    for equation in jaxpr.eqns:
+        for out in equation.outvars:
+            if out.aval.shape == logits.shape:
+                assert jnp.issubdtype(out.aval.dtype, jnp.floating), equation
+
+
+@pytest.mark.parametrize("mode, message", [("num_tokens", "not a known mode"),
+                                           (0.0, "positive number"), (-3, "positive number")])
+def test_bad_normalizing_factor(batch, mode, message):
+    logits, targets = batch
+    with pytest.raises(ValueError, match=message):
+        losses.compute_weighted_loss(logits, targets, loss_normalizing_factor=mode)
+
+
+def test_shape_mismatch_is_explained(batch):
+    logits, targets = batch
+    with pytest.raises(ValueError, match=r"logits must be \[B, T, V\]"):
+        losses.compute_weighted_loss(logits, targets[:, :4])
+    with pytest.raises(ValueError, match="weights"):
+        losses.compute_weighted_loss(logits, targets, np.ones((3, 4)))
