@@ -129,6 +129,7 @@ class EncoderDecoder(nnx.Module):
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
         """[B, L] inputs, [B, T] decoder inputs -> logits [B, T, V] float32."""
+        _check_packing(encoder_segment_ids, decoder_segment_ids)
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                               rngs=rngs)
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
@@ -175,14 +176,18 @@ class EncoderDecoder(nnx.Module):
         )
 
 
-def _segments(mask_fn, query_segment_ids, key_segment_ids):
-    if query_segment_ids is None and key_segment_ids is None:
-        return None
-    if query_segment_ids is None or key_segment_ids is None:
+def _check_packing(encoder_segment_ids, decoder_segment_ids) -> None:
+    if (encoder_segment_ids is None) != (decoder_segment_ids is None):
         raise ValueError(
             "Packed inputs need segment ids for both encoder and decoder; got only one of "
             "encoder_segment_ids / decoder_segment_ids."
         )
+
+
+def _segments(mask_fn, query_segment_ids, key_segment_ids):
+    if query_segment_ids is None and key_segment_ids is None:
+        return None
+    _check_packing(query_segment_ids, key_segment_ids)
     return mask_fn(query_segment_ids, key_segment_ids)
 
 
