@@ -94,6 +94,23 @@ def test_imported_logits_match_hf(saved_hf, batch):
     assert error <= TOLERANCE
 
 
+def test_untied_config_saved_without_lm_head(batch, tmp_path):
+    # transformers 5 keeps lm_head on the embedding's storage and saves no lm_head.weight, yet
+    # does not rescale the decoder output: a logits_dense equal to the embedding's transpose.
+    torch.manual_seed(1)
+    model = T5ForConditionalGeneration(T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, d_ff=48, num_layers=2,
+        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)).eval()
+    model.save_pretrained(tmp_path)
+    assert "lm_head.weight" not in load_file(os.path.join(tmp_path, "model.safetensors"))
+    ours = hf.load_hf_model(tmp_path)
+    assert not ours.config.logits_via_embedding
+    inputs, decoder_inputs = batch[0][:, :40], batch[1][:, :20]
+    error = np.abs(t2t_logits(ours, inputs, decoder_inputs)
+                   - hf_logits(model, inputs, decoder_inputs)).max()
+    assert error <= TOLERANCE
+
+
 def test_imported_config(saved_hf):
     model, directory = saved_hf
     config, _ = hf.import_hf(directory, dropout_rate=0.0)
