@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from t2t import optim, partitioning
+from t2t import nn, optim, partitioning
 from t2t.nn import axes
 
 V, D, F, N, H, R = 256, 128, 256, 4, 16, 32
@@ -224,6 +224,15 @@ def test_sharded_init_places_each_param_as_the_rules_say(sharded, eager_params):
             assert shard.data.shape == expected_shard, path
 
 
+def test_abstract_model_carries_shardings_without_computing(sharded):
+    mode, partitioner, params = sharded
+    graphdef, abstract = partitioner.abstract_model(create_toy)
+    abstract = flat(nnx.state(nnx.merge(graphdef, abstract), nnx.Param))
+    for path, x in abstract.items():
+        assert isinstance(x, jax.ShapeDtypeStruct)
+        assert x.sharding.spec == EXPECTED_SPECS[mode][path]
+
+
 def test_no_device_holds_a_full_copy_of_a_model_sharded_param(sharded):
     _, _, params = sharded
     for path, array in flat(params).items():
@@ -267,6 +276,30 @@ def test_spec_errors():
         partitioner.spec((axes.EMBED, axes.MLP), (8,))
     with pytest.raises(ValueError, match="names no mesh axis"):
         partitioning.Partitioner(partitioner.mesh, ((axes.EMBED, "tensor"),))
+
+
+def test_real_network_annotations_map_to_the_mesh():
+    """The contract with t2t.nn: T5X parameter paths carry the logical axes the rules expect."""
+    config = nn.get_preset("tiny", num_encoder_layers=1, num_decoder_layers=1)
+    partitioner = partitioning.make_partitioner(2, 4, "fsdp")
+    abstract = nnx.state(nnx.eval_shape(lambda: nn.build(config, nnx.Rngs(params=0))), nnx.Param)
+    specs = {path: s.spec for path, s in flat(partitioner.shardings(abstract)).items()}
+    assert specs["token_embedder/embedding"] == P("model", "data")
+    assert specs["encoder/layers_0/attention/query/kernel"] == P("data", "model")
+    assert specs["encoder/layers_0/attention/out/kernel"] == P("model", "data")
+    assert specs["decoder/layers_0/encoder_decoder_attention/value/kernel"] == P("data", "model")
+    assert specs["decoder/layers_0/mlp/wi_0/kernel"] == P("data", "model")
+    assert specs["decoder/layers_0/mlp/wo/kernel"] == P("model", "data")
+    assert specs["decoder/logits_dense/kernel"] == P("data", "model")
+    assert specs["decoder/decoder_norm/scale"] == P("data")
+    assert specs["encoder/relpos_bias/rel_embedding"] == P("model", None)
+
+    # Square [128, 128] kernels: the factored statistics keep the axis optax keeps.
+    opt_state = jax.eval_shape(optim.adafactor(0.01).init, abstract)
+    opt_specs = {p: s.spec for p, s in flat(partitioner.optimizer_shardings(opt_state, abstract)).items()}
+    key = "decoder/layers_0/self_attention/key/kernel"
+    assert opt_specs[f"0/v_row/{key}"] == P("data")  # mean over the columns keeps `embed`
+    assert opt_specs[f"0/v_col/{key}"] == P("model")  # mean over the rows keeps `joined_kv`
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,6 +381,7 @@ def test_global_batch_round_trips_split_over_data():
         "decoder_loss_weights": np.random.default_rng(0).random((6, 3)).astype(np.float32),
     }
     batch = partitioner.make_global_batch(local)
+    assert partitioner.batch_shardings(batch) == {name: x.sharding for name, x in batch.items()}
     for name, x in local.items():
         assert batch[name].sharding.spec == P("data", None)
         np.testing.assert_array_equal(np.asarray(batch[name]), x)
@@ -379,10 +413,10 @@ def test_data_shard_rejects_overlapping_hosts():
         partitioning.data_shard_of_process(np.array([[0, 0], [0, 1], [1, 1]]), 0)
 
 
-def test_single_process_shard_info():
-    partitioner = partitioning.Partitioner(partitioning.make_mesh(2, 4), partitioning.RULES["fsdp"])
-    info = partitioner.data_shard_info()
-    assert (info.index, info.num_shards) == (0, 1)
+def test_single_process_reads_the_whole_batch():
+    partitioner = partitioning.make_partitioner(2, 4, "fsdp")
+    assert partitioner.data_shard() == (0, 1)
+    assert partitioning.make_partitioner(8, 1).data_shard() == (0, 1)
 
 
 def test_initialize_distributed_is_a_no_op_for_one_process(monkeypatch):
