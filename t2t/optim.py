@@ -1,4 +1,4 @@
-"""How parameters move: Adafactor with T5's settings, learning-rate schedules, microbatching, labels.
+"""How parameters move: T5's Adafactor, learning-rate schedules, microbatching, parameter labels.
 
 Everything is composed from optax pieces so it plugs into any optax-based loop:
 
@@ -352,7 +352,9 @@ def label_transforms(
     )
 
 
-def freeze(tx: optax.GradientTransformation, frozen: Sequence[Matcher]) -> optax.GradientTransformation:
+def freeze(
+    tx: optax.GradientTransformation, frozen: Sequence[Matcher]
+) -> optax.GradientTransformation:
     """`tx` for every parameter except those `frozen` matches, which never change.
 
     Frozen parameters get zero updates and no optimizer state. Example:

@@ -296,7 +296,8 @@ def test_real_network_annotations_map_to_the_mesh():
 
     # Square [128, 128] kernels: the factored statistics keep the axis optax keeps.
     opt_state = jax.eval_shape(optim.adafactor(0.01).init, abstract)
-    opt_specs = {p: s.spec for p, s in flat(partitioner.optimizer_shardings(opt_state, abstract)).items()}
+    opt_shardings = flat(partitioner.optimizer_shardings(opt_state, abstract))
+    opt_specs = {path: s.spec for path, s in opt_shardings.items()}
     key = "decoder/layers_0/self_attention/key/kernel"
     assert opt_specs[f"0/v_row/{key}"] == P("data")  # mean over the columns keeps `embed`
     assert opt_specs[f"0/v_col/{key}"] == P("model")  # mean over the rows keeps `joined_kv`
@@ -340,7 +341,9 @@ def test_sharded_training_step_equals_single_device():
         opt_state = partitioner.init_optimizer(tx, params)
         batch = partitioner.make_global_batch({"tokens": np.asarray(tokens)})
 
-        shardings = (partitioner.shardings(params), partitioner.optimizer_shardings(opt_state, params))
+        shardings = (
+            partitioner.shardings(params), partitioner.optimizer_shardings(opt_state, params)
+        )
 
         @jax.jit(in_shardings=(*shardings, None), out_shardings=shardings)
         def step(params, opt_state, batch):
@@ -357,10 +360,8 @@ def test_sharded_training_step_equals_single_device():
                 params, opt_state = step(params, opt_state, batch)
         return params
 
-    one = partitioning.Partitioner(
-        partitioning.make_mesh(devices=jax.devices()[:1]), partitioning.logical_axis_rules()
-    )
-    eight = partitioning.Partitioner(partitioning.make_mesh(2, 4), partitioning.logical_axis_rules("fsdp"))
+    one = partitioning.make_partitioner(devices=jax.devices()[:1])
+    eight = partitioning.make_partitioner(2, 4, "fsdp")
     expected, got = flat(run(one)), flat(run(eight))
     for path in expected:
         assert got[path].sharding.spec == EXPECTED_SPECS["fsdp"][path]
@@ -420,11 +421,20 @@ def test_single_process_reads_the_whole_batch():
 
 
 def test_initialize_distributed_is_a_no_op_for_one_process(monkeypatch):
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    names = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "T2T_DISTRIBUTED")
+    for name in names:
         monkeypatch.delenv(name, raising=False)
     assert partitioning.initialize_distributed() is False
     monkeypatch.setenv("JAX_NUM_PROCESSES", "1")
     assert partitioning.initialize_distributed(coordinator_address="localhost:1") is False
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES must be an integer, got 'two'"):
+        partitioning.initialize_distributed()
+    monkeypatch.delenv("JAX_NUM_PROCESSES")
+    monkeypatch.setenv("T2T_DISTRIBUTED", "yes")
+    with pytest.raises(ValueError, match="T2T_DISTRIBUTED must be 'auto' or unset"):
+        partitioning.initialize_distributed()
+    assert not jax.distributed.is_initialized()
 
 
 WORKER = textwrap.dedent(

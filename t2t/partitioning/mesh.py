@@ -110,44 +110,61 @@ def initialize_distributed(
     num_processes: int | None = None,
     process_id: int | None = None,
     *,
-    auto_detect: bool = False,
+    auto_detect: bool | None = None,
 ) -> bool:
     """Joins this process to a multi-host run through `jax.distributed`; a no-op for one process.
 
     Call it first, before any other JAX call. Values not given are read from the environment:
-    `JAX_COORDINATOR_ADDRESS` ("host:port" of process 0), `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`.
-    With none of them set and `auto_detect=False` the run is a single process and nothing happens.
-    `auto_detect=True` lets JAX discover the cluster itself (Cloud TPU pod slices, SLURM, Open
-    MPI, Kubernetes), filling in whatever was not given.
+    `JAX_COORDINATOR_ADDRESS` ("host:port" of process 0), `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`,
+    and `T2T_DISTRIBUTED=auto` for `auto_detect`. With auto detection JAX discovers the cluster
+    itself (Cloud TPU pod slices, SLURM, Open MPI, Kubernetes), filling in whatever was not given.
+    With nothing set the run is a single process and nothing happens. Calling it again is
+    harmless.
 
     Args:
         coordinator_address: "host:port" of process 0, reachable from every host.
         num_processes: the number of processes (one per host; 1 means single-process).
         process_id: this process's index in `[0, num_processes)`.
-        auto_detect: let JAX detect the cluster when values are missing.
+        auto_detect: let JAX detect the cluster (default: `T2T_DISTRIBUTED == "auto"`).
 
     Returns:
         True when the process joined a multi-process run, False for a single process.
+
+    Raises:
+        ValueError: for a non-integer `JAX_NUM_PROCESSES` / `JAX_PROCESS_ID`, or an unknown
+            `T2T_DISTRIBUTED` value.
     """
-    env = os.environ
-    coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS") or None
-    if num_processes is None and env.get("JAX_NUM_PROCESSES"):
-        num_processes = int(env["JAX_NUM_PROCESSES"])
-    if process_id is None and env.get("JAX_PROCESS_ID"):
-        process_id = int(env["JAX_PROCESS_ID"])
-    if num_processes == 1:
-        return False
-    given = (coordinator_address, num_processes, process_id)
-    if all(value is None for value in given) and not auto_detect:
-        return False
     if jax.distributed.is_initialized():
         return jax.process_count() > 1
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    num_processes = _env_int("JAX_NUM_PROCESSES") if num_processes is None else num_processes
+    process_id = _env_int("JAX_PROCESS_ID") if process_id is None else process_id
+    if auto_detect is None:
+        mode = os.environ.get("T2T_DISTRIBUTED", "")
+        if mode not in ("", "auto"):
+            raise ValueError(f"T2T_DISTRIBUTED must be 'auto' or unset, got {mode!r}.")
+        auto_detect = mode == "auto"
+    if num_processes == 1:
+        return False
+    if (coordinator_address, num_processes, process_id) == (None, None, None) and not auto_detect:
+        return False
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
     )
     return jax.process_count() > 1
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        message = f"Environment variable {name} must be an integer, got {value!r}."
+        raise ValueError(message) from None
 
 
 def data_shard_of_process(process_grid: np.ndarray, process_index: int) -> tuple[int, int]:

@@ -334,7 +334,9 @@ def _statistic_names(
     if shape == param_shape:
         return names
     # A statistic with one parameter axis reduced away.
-    reduced = [a for a in range(len(param_shape)) if param_shape[:a] + param_shape[a + 1 :] == shape]
+    reduced = [
+        a for a in range(len(param_shape)) if param_shape[:a] + param_shape[a + 1 :] == shape
+    ]
     if not reduced:
         return ()
     axis = reduced[0]
