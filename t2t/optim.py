@@ -193,7 +193,7 @@ def accumulate_gradients(
     loss_fn: Callable[[Any, Any, jax.Array], tuple[jax.Array, dict[str, Any]]],
     params: Any,
     batch: Mapping[str, jax.Array],
-    rng: jax.Array,
+    rng: jax.Array | None,
     num_microbatches: int = 1,
 ) -> tuple[jax.Array, dict[str, Any], Any]:
     """Loss and gradients of `batch`, computed as `num_microbatches` sequential microbatches.
@@ -218,7 +218,7 @@ def accumulate_gradients(
         loss_fn: the loss function (pure, jittable).
         params: the parameters to differentiate.
         batch: feature name -> [B, ...] arrays, B divisible by `num_microbatches`.
-        rng: a PRNG key for dropout.
+        rng: a PRNG key for dropout, or None for deterministic passes.
         num_microbatches: k; 1 computes the batch in one pass.
 
     Returns:
@@ -238,7 +238,8 @@ def accumulate_gradients(
 
     def step(carry, inputs):
         index, microbatch = inputs
-        (loss, aux), grads = grad_fn(params, microbatch, jax.random.fold_in(rng, index))
+        microbatch_rng = None if rng is None else jax.random.fold_in(rng, index)
+        (loss, aux), grads = grad_fn(params, microbatch, microbatch_rng)
         w = weight(aux)
         update = (w * loss, jax.tree.map(lambda g: w * g.astype(jnp.float32), grads), aux)
         return jax.tree.map(lambda a, b: (a + b).astype(a.dtype), carry, update), None

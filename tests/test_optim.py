@@ -253,6 +253,27 @@ def test_naive_mean_of_microbatch_losses_would_differ(regression_batch):
     assert abs(float(np.mean(parts)) - float(full)) > 1e-3
 
 
+def test_accumulation_over_nnx_state_without_rng():
+    """The trainer's case: parameters as an nnx.State of Variables, deterministic passes."""
+    graphdef, params = nnx.split(TwoStacks(nnx.Rngs(0)))
+    x = jnp.asarray(np.random.default_rng(2).normal(size=(6, 4)), jnp.float32)
+
+    def loss_fn(params, batch, rng):
+        assert rng is None
+        model = nnx.merge(graphdef, params)
+        h = (batch["x"] * model.encoder.scale) @ model.encoder.kernel  # [B, 3]
+        per_example = jnp.sum(h**2, axis=-1)
+        return jnp.sum(per_example) / 6.0, {"count": jnp.ones((), jnp.int32) * h.shape[0]}
+
+    loss_1, aux_1, grads_1 = optim.accumulate_gradients(loss_fn, params, {"x": x}, None, 1)
+    loss_3, aux_3, grads_3 = optim.accumulate_gradients(loss_fn, params, {"x": x}, None, 3)
+    np.testing.assert_allclose(loss_3, loss_1, rtol=1e-6)
+    assert int(aux_3["count"]) == int(aux_1["count"]) == 6
+    for leaf_1, leaf_3 in zip(jax.tree.leaves(grads_1), jax.tree.leaves(grads_3)):
+        np.testing.assert_allclose(leaf_3, leaf_1, rtol=1e-5, atol=1e-6)
+    assert jax.tree.structure(grads_3) == jax.tree.structure(params)
+
+
 def test_microbatch_split_is_strided_and_checked():
     batch = {"x": jnp.arange(6)}
     assert optim._split_microbatches(batch, 3)["x"].tolist() == [[0, 3], [1, 4], [2, 5]]
