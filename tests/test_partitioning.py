@@ -418,6 +418,8 @@ def test_single_process_reads_the_whole_batch():
     partitioner = partitioning.make_partitioner(2, 4, "fsdp")
     assert partitioner.data_shard() == (0, 1)
     assert partitioning.make_partitioner(8, 1).data_shard() == (0, 1)
+    info = partitioner.data_shard_info()  # the seqio.ShardInfo a data pipeline takes
+    assert (type(info).__name__, info.index, info.num_shards) == ("ShardInfo", 0, 1)
 
 
 def test_initialize_distributed_is_a_no_op_for_one_process(monkeypatch):
