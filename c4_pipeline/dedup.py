@@ -10,7 +10,8 @@ choice is the same on every runner and run, and does not favour any domain. Ever
 occurrence, in other pages or later in the same page, is marked for removal.
 
 A page then loses the sentences covered by its removal marks, except sentences covered by a
-keeper occurrence, so every span of the input survives whole in its keeper. (When a removal is
+keeper occurrence, so every repeated span of the input survives whole in its keeper. (Spans that
+overlap a removed occurrence lose sentences, as with any deduplication.) (When a removal is
 entirely covered by keepers of other repeated spans in the same page, that occurrence survives
 too; this needs three overlapping repeats and is rare.) A line whose sentences all go disappears;
 a page left with fewer than three sentences is dropped.
