@@ -47,6 +47,9 @@ def url_host(url: str) -> str:
 
     Example: `url_host("https://News.Example.co.uk:8080/a")` is `"news.example.co.uk"`.
     """
+    url = url.strip()
+    if not url:
+        return ""
     if "://" not in url:
         url = "http://" + url
     try:
