@@ -11,6 +11,7 @@ import types
 
 import pytest
 
+from c4_pipeline import __main__ as cli
 from c4_pipeline import wet
 from c4_pipeline.page import Page
 
@@ -114,3 +115,21 @@ def wet_corpus():
     """The corpus's pages, word list and `write_fixture`, as attributes of one namespace."""
     names = {k: v for k, v in globals().items() if k.isupper()}
     return types.SimpleNamespace(**names, write_fixture=write_fixture)
+
+
+@pytest.fixture(scope="session")
+def c4_run(tmp_path_factory, wet_corpus):
+    """Runs the CLI once on the corpus (DirectRunner, 2 shards); returns (root, output_dir)."""
+    root = tmp_path_factory.mktemp("c4")
+    wet_paths = write_fixture(root)
+    (root / "badwords.txt").write_text("\n".join(BADWORDS) + "\n")
+    out = root / "out"
+    argv = [
+        f"--wet_paths={root}/*.warc.wet.gz,{wet_paths[1]}",
+        f"--output_dir={out}",
+        f"--badwords_file={root / 'badwords.txt'}",
+        "--num_shards=2",
+        "--runner=DirectRunner",
+    ]
+    assert cli.main(argv) == 0
+    return root, out

@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 from c4_pipeline import C4Config, dedup, langid, run
-from c4_pipeline import __main__ as cli
 from c4_pipeline.page import Page
 
 
@@ -19,24 +18,6 @@ def _read_shards(pattern):
         parsed = tf.io.parse_single_example(record, spec)
         pages.append(Page(*(parsed[k].numpy().decode("utf-8") for k in ("url", "timestamp", "text"))))
     return files, sorted(pages)
-
-
-@pytest.fixture(scope="module")
-def c4_run(tmp_path_factory, wet_corpus):
-    fx = wet_corpus
-    root = tmp_path_factory.mktemp("c4")
-    wet_paths = fx.write_fixture(root)
-    (root / "badwords.txt").write_text("\n".join(fx.BADWORDS) + "\n")
-    out = root / "out"
-    argv = [
-        f"--wet_paths={root}/*.warc.wet.gz,{wet_paths[1]}",
-        f"--output_dir={out}",
-        f"--badwords_file={root / 'badwords.txt'}",
-        "--num_shards=2",
-        "--runner=DirectRunner",
-    ]
-    assert cli.main(argv) == 0
-    return root, out
 
 
 def test_surviving_text(c4_run, wet_corpus):
