@@ -1,0 +1,263 @@
+"""C4 pipeline throughput on DirectRunner, beside the TFDS `c4` cleaning functions on the same pages.
+
+Generates a corpus of realistic-looking web pages (no network): news-like English articles with
+site navigation, JavaScript and cookie notices, citation markers and site footers shared across a
+site's pages (which the span deduplication removes), syndicated copies of articles, re-captured
+URLs, and some non-English, code, "lorem ipsum", menu-only and bad-word pages. Writes them as
+gzipped WET files, then measures:
+
+  * the whole pipeline (`c4_pipeline.run`) on DirectRunner: pages read per second;
+  * each stage's pure function in-process (pages per second), to show where time goes;
+  * the TFDS peer (`tensorflow_datasets.text.c4_utils`): the same chain of stages (split WET,
+    newest page per URL, clean_page, remove_duplicate_text, detect_english, bad-words filter) as a
+    Beam pipeline on the same runner and pages, and its pure functions; the ratio of pipeline
+    throughputs (ours / TFDS) is reported.
+
+TFDS counts sentences with NLTK's Punkt model, which it downloads; with no network the benchmark
+gives it an untrained `PunktSentenceTokenizer`, which splits like a trained one on this text.
+TFDS deduplicates lines, not three-sentence spans, and identifies the language after
+deduplication, so its output differs in detail; the comparison is of throughput.
+
+Usage: python benchmarks/c4_pipeline_bench.py [--pages=3000] [--files=4] [--direct_num_workers=1]
+"""
+
+import argparse
+import collections
+import dataclasses
+import gzip
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import apache_beam as beam  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+
+from c4_pipeline import C4Config, badwords, dedup, langid, output, rules, run, wet  # noqa: E402
+from c4_pipeline.page import Page  # noqa: E402
+
+SUBJECTS = [
+    "The city council", "Our small team", "The new public library", "Local farmers", "The history museum",
+    "Many visitors", "The school board", "A family bakery", "The river trail group", "Volunteers from the club",
+    "The regional hospital", "Two local artists", "The football club", "Our editors", "The transport authority",
+    "A group of students", "The harbour office", "Most residents", "The weather service", "The county fair",
+]
+VERBS = [
+    "opened", "announced", "finished", "reviewed", "supported", "planned", "described", "celebrated",
+    "improved", "discussed", "presented", "questioned", "welcomed", "postponed", "published",
+]
+OBJECTS = [
+    "a plan for the summer season", "the results of the annual survey", "new opening hours for the weekend",
+    "a proposal to repair the old bridge", "the budget for the coming year", "a festival of music and food",
+    "the report on water quality", "an exhibition of early photographs", "the schedule for the bus routes",
+    "a program for young readers", "the restoration of the town hall", "a campaign to plant more trees",
+    "the winners of the photo contest", "a study of traffic near the school", "the menu for the charity dinner",
+]
+TAILS = [
+    "after a long public meeting", "with help from the community", "earlier this month",
+    "for the first time in years", "despite the heavy rain", "in front of a large crowd",
+    "without much debate", "at the request of local families", "before the end of the week",
+    "as part of a wider effort", "following several complaints", "to the surprise of many",
+]
+FOREIGN = {
+    "fr": ["Le conseil municipal a présenté un nouveau projet pour la saison estivale.",
+           "Les habitants du quartier ont participé à une longue réunion publique hier soir.",
+           "La bibliothèque ouvrira ses portes plus tard pendant les vacances scolaires.",
+           "Plusieurs associations soutiennent la rénovation de la vieille mairie du village."],
+    "de": ["Der Stadtrat hat gestern einen neuen Plan für die Sommersaison vorgestellt.",
+           "Viele Besucher kamen trotz des starken Regens zum Fest auf dem Marktplatz.",
+           "Die Bibliothek verlängert ihre Öffnungszeiten während der Schulferien deutlich.",
+           "Mehrere Vereine unterstützen die Renovierung des alten Rathauses im Dorf."],
+    "es": ["El ayuntamiento presentó ayer un nuevo plan para la temporada de verano.",
+           "Muchos vecinos participaron en una larga reunión pública en el centro cultural.",
+           "La biblioteca ampliará su horario durante las vacaciones escolares de este año.",
+           "Varias asociaciones apoyan la restauración del antiguo edificio del ayuntamiento."],
+}
+BOILERPLATE = [
+    "Please enable JavaScript in your browser to see this content.",
+    "This website uses cookies to improve your experience while you navigate.",
+    "By using this site you agree to our Terms of Use and Privacy Policy.",
+    "Read more...", "Share this article", "Posted in News | Tagged local, community",
+]
+
+
+def _sentence(rng):
+    return f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}."
+
+
+def _site_footer(rng, site):
+    name = site.split(".")[0].title()
+    return [f"{name} is an independent newspaper run by people who live in the valley.",
+            f"Send your letters and story ideas to the {name} newsroom at any time.",
+            f"Copyright {rng.randint(2009, 2019)} {name} Media Group, all rights reserved today."]
+
+
+def _article(rng, site, footer, body=None):
+    body = body or [" ".join(_sentence(rng) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(2, 6))]
+    if rng.random() < 0.3:
+        body[0] += f"[{rng.randint(1, 9)}]"
+    lines = [f"Home | News | Sport | {site.split('.')[0].title()} | Contact", rng.choice(SUBJECTS) + " " + rng.choice(VERBS)]
+    lines += body + rng.sample(BOILERPLATE, 3) + footer
+    return body, "\n".join(lines)
+
+
+def make_corpus(num_pages: int, seed: int = 0, bad_words=("flibbertigibbet",)):
+    """Returns [Page] with the mix described in the module docstring."""
+    rng = random.Random(seed)
+    sites = [f"{rng.choice(['valley', 'harbour', 'city', 'county', 'river', 'hill'])}{i}.example.com" for i in range(200)]
+    footers = {s: _site_footer(rng, s) for s in sites}
+    pages, articles = [], []
+    for i in range(num_pages):
+        site = rng.choice(sites)
+        url = f"https://www.{site}/2019/04/story-{i}"
+        stamp = f"2019-04-{rng.randint(10, 28)}T{rng.randint(10, 23)}:00:00Z"
+        kind = rng.random()
+        if kind < 0.05:
+            lang = rng.choice(sorted(FOREIGN))
+            text = "\n".join(" ".join(rng.sample(FOREIGN[lang], 2)) for _ in range(3))
+        elif kind < 0.08:
+            text = "Here is how we count the visitors on the site today.\nvar total = 0;\n" \
+                   "for (var i = 0; i < n; i++) { total += visits[i]; }\nThe loop adds every visit to the total count."
+        elif kind < 0.10:
+            text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.\n" + _article(rng, site, [])[1]
+        elif kind < 0.13:
+            text = "Home\nAbout us\nContact\nLogin\nSearch"
+        elif kind < 0.15:
+            text = _article(rng, site, footers[site])[1] + f"\nOne reader called the mayor a {rng.choice(bad_words)} in the comments."
+        elif kind < 0.20 and articles:
+            text = _article(rng, site, footers[site], body=list(rng.choice(articles)))[1]  # syndicated copy
+        else:
+            body, text = _article(rng, site, footers[site])
+            articles.append(body)
+        pages.append(Page(url, stamp, text))
+        if rng.random() < 0.03:  # an older capture of the same URL
+            pages.append(Page(url.replace("https://www.", "http://"), "2018-12-01T00:00:00Z", text))
+    return pages
+
+
+def write_wet(pages, directory, num_files):
+    paths = []
+    for f in range(num_files):
+        path = os.path.join(directory, f"bench-{f:05d}.warc.wet.gz")
+        with open(path, "wb") as out:
+            for page in pages[f::num_files]:
+                out.write(gzip.compress(wet.encode_wet_record(page), compresslevel=1))
+        paths.append(path)
+    return paths
+
+
+def _rate(n, seconds):
+    return round(n / seconds, 1) if seconds > 0 else float("inf")
+
+
+def time_our_stages(pages, words):
+    """Pages per second of each of our pure stage functions, in one process."""
+    counters = collections.Counter()
+    results = {}
+    t = time.perf_counter()
+    cleaned = [p._replace(text=c) for p in pages if (c := rules.clean_text(p.text, counters)) is not None]
+    results["clean"] = _rate(len(pages), time.perf_counter() - t)
+    words_filter = badwords.BadWordsFilter(words)
+    t = time.perf_counter()
+    cleaned = [p for p in cleaned if words_filter(p.text, counters)]
+    results["badwords"] = _rate(len(pages), time.perf_counter() - t)
+    t = time.perf_counter()
+    english = [p for p in cleaned if langid.is_english(p.text, counters)]
+    results["langid"] = _rate(len(cleaned), time.perf_counter() - t)
+    t = time.perf_counter()
+    dedup.deduplicate_in_memory(english, counters)
+    results["span_dedup"] = _rate(len(english), time.perf_counter() - t)
+    return results
+
+
+def _tfds_utils():
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+    from tensorflow_datasets.text import c4_utils
+
+    c4_utils._SENTENCE_TOKENIZER = PunktSentenceTokenizer()  # no download; see module docstring
+    return c4_utils
+
+
+def time_tfds_stages(pages, words):
+    c4_utils = _tfds_utils()
+    results = {}
+    tfds_pages = [c4_utils.PageFeatures(url=p.url, normalized_url=c4_utils.normalize_url(p.url), text=p.text,
+                                        timestamp=p.timestamp) for p in pages]
+    clean = c4_utils.get_clean_page_fn()
+    t = time.perf_counter()
+    cleaned = [c for p in tfds_pages for c in clean(p)]
+    results["clean"] = _rate(len(pages), time.perf_counter() - t)
+    bad = c4_utils.get_badwords_filter_fn({"en": list(words)})
+    t = time.perf_counter()
+    cleaned = [p for p in (dataclasses.replace(p, language="en") for p in cleaned) if bad(p)]
+    results["badwords"] = _rate(len(pages), time.perf_counter() - t)
+    t = time.perf_counter()
+    english = [e for p in cleaned for e in c4_utils.detect_english(p)]
+    results["langid"] = _rate(len(cleaned), time.perf_counter() - t)
+    return results, english
+
+
+def run_tfds_pipeline(wet_paths, words, options):
+    """The TFDS stage chain as a Beam pipeline; returns its counters."""
+    c4_utils = _tfds_utils()
+    bad = c4_utils.get_badwords_filter_fn({"en": list(words)})
+    with beam.Pipeline(options=options) as pipeline:
+        pages = (
+            pipeline
+            | beam.Create(wet_paths)
+            | beam.Reshuffle()
+            | beam.FlatMap(c4_utils.split_wet_file)
+            | beam.Map(lambda page: (page.normalized_url, page))
+            | beam.CombinePerKey(c4_utils.select_newest_page)
+            | beam.Values()
+            | beam.FlatMap(c4_utils.get_clean_page_fn())
+        )
+        _ = (
+            c4_utils.remove_duplicate_text(pages)
+            | beam.FlatMap(c4_utils.detect_english)
+            | beam.Filter(bad)
+        )
+    return output.collect_counters(pipeline.result)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pages", type=int, default=3000)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--direct_num_workers", type=int, default=1)
+    parser.add_argument("--skip_tfds", action="store_true")
+    args = parser.parse_args()
+    beam_flags = ["--runner=DirectRunner", f"--direct_num_workers={args.direct_num_workers}"]
+    if args.direct_num_workers > 1:
+        beam_flags.append("--direct_running_mode=multi_processing")
+    words = [f"badword{i}" for i in range(400)] + ["flibbertigibbet"]
+
+    pages = make_corpus(args.pages)
+    report = {"pages_generated": len(pages), "beam_flags": beam_flags}
+    with tempfile.TemporaryDirectory() as tmp:
+        wet_paths = write_wet(pages, tmp, args.files)
+        config = C4Config(wet_paths=tuple(wet_paths), output_dir=os.path.join(tmp, "out"), badwords=tuple(words))
+        t = time.perf_counter()
+        stats = run(config, PipelineOptions(beam_flags))
+        ours = time.perf_counter() - t
+        report["ours_pipeline"] = {"seconds": round(ours, 2), "pages_per_s": _rate(len(pages), ours),
+                                   "counters": stats["counters"]}
+        report["ours_stages_pages_per_s"] = time_our_stages(pages, words)
+        if not args.skip_tfds:
+            tfds_stages, _ = time_tfds_stages(pages, words)
+            report["tfds_stages_pages_per_s"] = tfds_stages
+            t = time.perf_counter()
+            tfds_counters = run_tfds_pipeline(wet_paths, words, PipelineOptions(beam_flags))
+            theirs = time.perf_counter() - t
+            report["tfds_pipeline"] = {"seconds": round(theirs, 2), "pages_per_s": _rate(len(pages), theirs),
+                                       "counters": tfds_counters}
+            report["ratio_ours_over_tfds"] = round(theirs / ours, 2)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
