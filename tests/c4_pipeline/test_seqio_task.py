@@ -1,4 +1,9 @@
-"""The pipeline's output feeds a span-corruption seqio task and yields a packed batch."""
+"""The pipeline's output feeds a span-corruption seqio task and yields a packed batch.
+
+The span-corruption objective comes from the top-level `preprocessors` package. The task's
+plumbing (source, tokenization, EOS, packing) is also checked with a stand-in objective, so it is
+tested even where that package lacks `span_corruption`.
+"""
 
 import numpy as np
 import pytest
@@ -8,11 +13,21 @@ import tensorflow as tf
 
 from t2t.data.tasks import c4_pipeline as c4_tasks
 
-preprocessors = pytest.importorskip("preprocessors")
-if not hasattr(preprocessors, "span_corruption"):
-    pytest.skip("preprocessors.span_corruption is not available yet", allow_module_level=True)
+try:
+    import preprocessors
+
+    HAS_SPAN_CORRUPTION = hasattr(preprocessors, "span_corruption")
+except ImportError:
+    HAS_SPAN_CORRUPTION = False
+needs_span_corruption = pytest.mark.skipif(
+    not HAS_SPAN_CORRUPTION, reason="preprocessors.span_corruption is not available"
+)
 
 LENGTHS = {"inputs": 64, "targets": 16}
+PACKED_FEATURES = sorted([
+    "encoder_input_tokens", "encoder_segment_ids", "encoder_positions", "decoder_target_tokens",
+    "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids", "decoder_positions",
+])
 
 
 def _surviving_texts(out):
@@ -24,8 +39,7 @@ def _surviving_texts(out):
 
 
 @pytest.fixture(scope="module")
-def task(c4_run, wet_corpus, tmp_path_factory):
-    root, out = c4_run
+def vocabulary(wet_corpus, tmp_path_factory):
     fx = wet_corpus
     # A tiny SentencePiece model trained on the fixture's English text, with T5's special ids.
     corpus = tmp_path_factory.mktemp("spm") / "corpus.txt"
@@ -36,11 +50,57 @@ def task(c4_run, wet_corpus, tmp_path_factory):
         pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, num_threads=1,
         minloglevel=2,
     )
-    vocabulary = seqio.SentencePieceVocabulary(prefix + ".model", extra_ids=100)
+    return seqio.SentencePieceVocabulary(prefix + ".model", extra_ids=100)
+
+
+@pytest.fixture(scope="module")
+def task(c4_run, vocabulary):
+    _, out = c4_run
     name = "c4_pipeline_test_span_corruption"
     registered = c4_tasks.register_c4_pipeline_task(name, str(out), vocabulary)
     yield registered, vocabulary, _surviving_texts(out)
     seqio.TaskRegistry.remove(name)
+
+
+def _first_tokens_as_inputs(dataset, sequence_length, output_features):
+    """Stand-in objective: 12 tokens of the text become inputs, the next 6 targets."""
+    del sequence_length, output_features
+    return dataset.map(lambda ex: {"inputs": ex["targets"][:12], "targets": ex["targets"][12:18]})
+
+
+def test_task_plumbing_with_a_stand_in_objective(c4_run, vocabulary):
+    _, out = c4_run
+    name = "c4_pipeline_test_stand_in"
+    registered = c4_tasks.register_c4_pipeline_task(
+        name, str(out), vocabulary, objective=_first_tokens_as_inputs
+    )
+    try:
+        lengths = {"inputs": 32, "targets": 16}
+        examples = list(registered.get_dataset(lengths, split="train", shuffle=False).as_numpy_iterator())
+        documents = sorted(vocabulary.encode(t)[:18] for t in _surviving_texts(out))
+        assert sorted(list(ex["inputs"][:-1]) + list(ex["targets"][:-1]) for ex in examples) == documents
+        assert all(ex["inputs"][-1] == 1 and ex["targets"][-1] == 1 for ex in examples)
+        dataset = registered.get_dataset(lengths, split="train", shuffle=False)
+        batch = next(seqio.EncDecFeatureConverter(pack=True)(dataset, lengths).batch(1).as_numpy_iterator())
+        assert sorted(batch) == PACKED_FEATURES
+        # Both documents' examples (13 + 13 input tokens, 7 + 7 target tokens) share one row.
+        np.testing.assert_array_equal(batch["encoder_segment_ids"][0], [1] * 13 + [2] * 13 + [0] * 6)
+        np.testing.assert_array_equal(batch["decoder_segment_ids"][0], [1] * 7 + [2] * 7 + [0] * 2)
+    finally:
+        seqio.TaskRegistry.remove(name)
+
+
+def test_missing_shards_and_duplicate_names_are_refused(c4_run, vocabulary, tmp_path):
+    with pytest.raises(ValueError, match="python -m c4_pipeline"):
+        c4_tasks.register_c4_pipeline_task("c4_pipeline_test_empty", str(tmp_path), vocabulary)
+    _, out = c4_run
+    name = "c4_pipeline_test_twice"
+    c4_tasks.register_c4_pipeline_task(name, str(out), vocabulary, objective=_first_tokens_as_inputs)
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            c4_tasks.register_c4_pipeline_task(name, str(out), vocabulary)
+    finally:
+        seqio.TaskRegistry.remove(name)
 
 
 def _contains(haystack, needle):
@@ -48,6 +108,7 @@ def _contains(haystack, needle):
     return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
+@needs_span_corruption
 def test_examples_are_span_corrupted_surviving_text(task):
     registered, vocabulary, texts = task
     assert set(registered.splits) == {"train"}  # The pipeline wrote no validation split.
@@ -74,16 +135,13 @@ def test_examples_are_span_corrupted_surviving_text(task):
         assert any(_contains(a + b, restored) for a in documents for b in documents if a is not b)
 
 
+@needs_span_corruption
 def test_packed_batch(task):
     registered, _, _ = task
     dataset = registered.get_dataset(LENGTHS, split="train", shuffle=False, seed=0)
     packed = seqio.EncDecFeatureConverter(pack=True)(dataset, LENGTHS)
     batch = next(packed.batch(2).as_numpy_iterator())
-    assert sorted(batch) == sorted([
-        "encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
-        "decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
-        "decoder_segment_ids", "decoder_positions",
-    ])
+    assert sorted(batch) == PACKED_FEATURES
     assert batch["encoder_input_tokens"].shape == (2, 64)
     assert batch["decoder_target_tokens"].shape == (2, 16)
     assert batch["encoder_segment_ids"].max() >= 2  # at least two examples packed in a row
