@@ -67,15 +67,15 @@ def test_stats_file(c4_run, wet_corpus):
             "page_dropped:too_few_sentences": 1,
             "page_kept": 4,
         },
-        "badwords": {"page_dropped:bad_words": 1, "page_kept": 3},
-        "langid": {"detected:en": 2, "detected:fr": 1, "page_dropped:not_english": 1, "page_kept": 2},
         "span_dedup": {
             "span_repeated": 2,
             "span_occurrence_dropped": 2,
             "sentence_dropped": 6,
             "page_changed": 1 if farm_keeps_footer else 2,
-            "page_kept": 2,
+            "page_kept": 4,
         },
+        "langid": {"detected:en": 3, "detected:fr": 1, "page_dropped:not_english": 1, "page_kept": 3},
+        "badwords": {"page_dropped:bad_words": 1, "page_kept": 2},
         "write": {"page_written:train": 2},
     }
 
