@@ -25,20 +25,21 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m c4_pipeline",
         description="Build C4 (the T5 paper's Colossal Clean Crawled Corpus) from WET files.",
     )
-    parser.add_argument("--wet_paths", required=True,
-                        help="comma-separated WET files or glob patterns (local, gs://, s3://, hdfs://)")
-    parser.add_argument("--output_dir", required=True, help="directory for the shards and stats.json")
-    parser.add_argument("--variant", default="c4", choices=pipeline.VARIANTS)
-    parser.add_argument("--badwords_file", default="",
-                        help="bad-words list, one per line; default: download the pinned LDNOOBW 'en' list")
-    parser.add_argument("--badwords_url", default=badwords.BADWORDS_URL,
-                        help="where to download the bad-words list when --badwords_file is not given")
-    parser.add_argument("--domains_file", default="", help="realnewslike: one domain per line")
-    parser.add_argument("--urls_file", default="", help="webtextlike: one URL per line")
-    parser.add_argument("--min_language_probability", type=float, default=langid.MIN_ENGLISH_PROBABILITY)
-    parser.add_argument("--validation_fraction", type=float, default=0.0,
-                        help="share of pages (by URL hash) written to a validation split")
-    parser.add_argument("--num_shards", type=int, default=0, help="shards per split; 0: runner decides")
+    add = parser.add_argument
+    add("--wet_paths", required=True,
+        help="comma-separated WET files or glob patterns (local, gs://, s3://, hdfs://)")
+    add("--output_dir", required=True, help="directory for the shards and stats.json")
+    add("--variant", default="c4", choices=pipeline.VARIANTS)
+    add("--badwords_file", default="",
+        help="bad-words list, one per line; default: download the pinned LDNOOBW 'en' list")
+    add("--badwords_url", default=badwords.BADWORDS_URL,
+        help="where to download the bad-words list when --badwords_file is not given")
+    add("--domains_file", default="", help="realnewslike: one domain per line")
+    add("--urls_file", default="", help="webtextlike: one URL per line")
+    add("--min_language_probability", type=float, default=langid.MIN_ENGLISH_PROBABILITY)
+    add("--validation_fraction", type=float, default=0.0,
+        help="share of pages (by URL hash) written to a validation split")
+    add("--num_shards", type=int, default=0, help="shards per split; 0: runner decides")
     return parser.parse_known_args(argv)
 
 

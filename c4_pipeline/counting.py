@@ -1,10 +1,10 @@
 """Bridges the rules' plain counter dictionaries to Beam `Metrics` counters.
 
-The rules and stages are pure functions `fn(element, counters, **kwargs) -> iterable of outputs` that
-record what they did in a `collections.Counter`, so they are tested without Beam. `CountingFn`
-runs such a function inside a pipeline and adds each count to the Beam counter of the same name
-in its namespace; the runner aggregates them across workers and the pipeline writes them to the
-stats file.
+The rules and stages are pure functions `fn(element, counters, **kwargs) -> outputs` that record
+what they did in a `collections.Counter`, so they are tested without Beam. `CountingFn` runs such
+a function inside a pipeline and adds each count to the Beam counter of the same name in its
+namespace; the runner aggregates them across workers and the pipeline writes them to the stats
+file.
 """
 
 import collections

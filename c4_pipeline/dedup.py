@@ -155,6 +155,11 @@ def remove_marked(
     return page._replace(text="\n".join(lines))
 
 
+def _mark_group(element, counters: collections.Counter):
+    _, occurrences = element
+    return mark_occurrences(occurrences, counters)
+
+
 def _join_marks(
     element: tuple[bytes, dict[str, list]], counters: collections.Counter, min_sentences: int
 ) -> list[Page]:
@@ -177,7 +182,9 @@ class DeduplicateSpans(beam.PTransform):
     `GroupByKey` results allow.
     """
 
-    def __init__(self, min_sentences: int = rules.MIN_SENTENCES_PER_PAGE, namespace: str = "span_dedup"):
+    def __init__(
+        self, min_sentences: int = rules.MIN_SENTENCES_PER_PAGE, namespace: str = "span_dedup"
+    ):
         super().__init__()
         self._min_sentences = min_sentences
         self._namespace = namespace
@@ -188,8 +195,7 @@ class DeduplicateSpans(beam.PTransform):
             pages
             | "EmitSpans" >> beam.FlatMap(span_occurrences)
             | "GroupBySpan" >> beam.GroupByKey()
-            | "ChooseKeepers"
-            >> beam.ParDo(counting.CountingFn(self._namespace, lambda kv, c: mark_occurrences(kv[1], c)))
+            | "ChooseKeepers" >> beam.ParDo(counting.CountingFn(self._namespace, _mark_group))
         )
         return (
             {"page": keyed, "marks": marks}

@@ -105,7 +105,8 @@ class WriteSplits(beam.PTransform):
         for split, part in zip(splits, parts):
             written[split] = (
                 part
-                | f"Encode{split.title()}" >> beam.ParDo(counting.CountingFn("write", _encode, split=split))
+                | f"Encode{split.title()}"
+                >> beam.ParDo(counting.CountingFn("write", _encode, split=split))
                 | f"Write{split.title()}"
                 >> beam.io.WriteToTFRecord(
                     shard_prefix(self._output_dir, split), num_shards=self._num_shards

@@ -96,7 +96,9 @@ class C4Config:
                 f"min_language_probability must be in [0, 1]; got {self.min_language_probability}."
             )
         if not 0.0 <= self.validation_fraction < 1.0:
-            raise ValueError(f"validation_fraction must be in [0, 1); got {self.validation_fraction}.")
+            raise ValueError(
+                f"validation_fraction must be in [0, 1); got {self.validation_fraction}."
+            )
         if self.num_shards < 0:
             raise ValueError(f"num_shards must be >= 0 (0: runner decides); got {self.num_shards}.")
 
@@ -198,7 +200,9 @@ def build(pipeline: beam.Pipeline, config: C4Config) -> dict:
     )
     if config.variant == "realnewslike":
         domain_filter = variants.DomainFilter(config.domains)
-        pages = pages | "KeepListedDomains" >> beam.ParDo(counting.CountingFn("variant", domain_filter))
+        pages = pages | "KeepListedDomains" >> beam.ParDo(
+            counting.CountingFn("variant", domain_filter)
+        )
     elif config.variant == "webtextlike":
         pages = pages | "KeepListedUrls" >> variants.FilterByUrlList(config.urls_path)
     if config.variant != "unfiltered":
@@ -208,7 +212,9 @@ def build(pipeline: beam.Pipeline, config: C4Config) -> dict:
             | "DeduplicateSpans" >> dedup.DeduplicateSpans()
         )
     pages = pages | "KeepEnglish" >> beam.ParDo(
-        counting.CountingFn("langid", _keep_english, min_probability=config.min_language_probability)
+        counting.CountingFn(
+            "langid", _keep_english, min_probability=config.min_language_probability
+        )
     )
     if config.variant != "unfiltered":
         words_filter = badwords.BadWordsFilter(config.badwords)

@@ -98,7 +98,8 @@ class FilterByUrlList(beam.PTransform):
         listed = (
             pages.pipeline
             | "ReadUrlList" >> beam.io.ReadFromText(self._urls_path)
-            | "KeepUrlEntries" >> beam.Filter(lambda line: line.strip() and not line.startswith("#"))
+            | "KeepUrlEntries"
+            >> beam.Filter(lambda line: line.strip() and not line.startswith("#"))
             | "KeyListedUrl" >> beam.Map(lambda line: (normalize_url(line), None))
         )
         keyed = pages | "KeyPageUrl" >> beam.Map(lambda page: (normalize_url(page.url), page))

@@ -153,7 +153,8 @@ def read_wet_file(path: str, counters: collections.Counter) -> Iterator[Page]:
             with gzip.GzipFile(fileobj=raw) as stream:
                 yield from iter_wet_pages(stream, counters)
         else:
-            yield from iter_wet_pages(raw if hasattr(raw, "readline") else io.BufferedReader(raw), counters)
+            stream = raw if hasattr(raw, "readline") else io.BufferedReader(raw)
+            yield from iter_wet_pages(stream, counters)
 
 
 def encode_wet_record(page: Page) -> bytes:

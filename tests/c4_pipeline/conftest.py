@@ -45,7 +45,9 @@ FARM = Page(
         + ["Read more..."]
     ),
 )
-FARM_OLD_CAPTURE = Page("https://valleyfarm.org/about/", "2018-01-02T00:00:00Z", "An older version of the page.")
+FARM_OLD_CAPTURE = Page(
+    "https://valleyfarm.org/about/", "2018-01-02T00:00:00Z", "An older version of the page."
+)
 BAKERY = Page(
     "https://bakery.example.com/story",
     "2019-04-21T09:30:00Z",

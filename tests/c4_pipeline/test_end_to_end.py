@@ -27,7 +27,8 @@ def test_surviving_text(c4_run, wet_corpus):
     assert [f.rsplit("/", 1)[1] for f in files] == [
         "c4-train.tfrecord-00000-of-00002", "c4-train.tfrecord-00001-of-00002"
     ]
-    farm_body, bakery_body, footer = "\n".join(fx.FARM_BODY), " ".join(fx.BAKERY_BODY), "\n".join(fx.FOOTER)
+    farm_body, bakery_body = "\n".join(fx.FARM_BODY), " ".join(fx.BAKERY_BODY)
+    footer = "\n".join(fx.FOOTER)
     farm = Page(fx.FARM.url, fx.FARM.timestamp, farm_body + "\n" + footer)
     bakery = Page(fx.BAKERY.url, fx.BAKERY.timestamp, bakery_body + "\n" + " ".join(fx.FOOTER))
     # The shared footer stays in the page with the smaller key; the bakery's repeated body goes.
@@ -43,7 +44,8 @@ def test_stats_file(c4_run, wet_corpus):
     _, out = c4_run
     stats = json.loads((out / "stats.json").read_text())
     farm_keeps_footer = any(
-        fx.FOOTER[0] in p.text and p.url == fx.FARM.url for p in _read_shards(f"{out}/c4-train.tfrecord-*")[1]
+        fx.FOOTER[0] in p.text and p.url == fx.FARM.url
+        for p in _read_shards(f"{out}/c4-train.tfrecord-*")[1]
     )
     assert stats["config"]["variant"] == "c4" and stats["config"]["badwords"] == 2
     assert stats["counters"] == {
@@ -112,7 +114,8 @@ def test_realnewslike_variant_keeps_listed_domains(tmp_path, wet_corpus):
     stats = run(config)
     _, pages = _read_shards(f"{tmp_path}/out/c4-train.tfrecord-*")
     # Of the listed domain only the bakery is clean English; alone, it keeps its footer.
-    assert pages == [Page(fx.BAKERY.url, fx.BAKERY.timestamp, " ".join(fx.BAKERY_BODY) + "\n" + " ".join(fx.FOOTER))]
+    text = " ".join(fx.BAKERY_BODY) + "\n" + " ".join(fx.FOOTER)
+    assert pages == [Page(fx.BAKERY.url, fx.BAKERY.timestamp, text)]
     assert stats["counters"]["variant"] == {"page_dropped:domain_not_listed": 4, "page_kept": 3}
 
 

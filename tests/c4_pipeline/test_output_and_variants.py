@@ -19,7 +19,9 @@ def test_encode_example_docstring_example():
 
 
 @hypothesis.settings(max_examples=50, deadline=None)
-@hypothesis.given(st.dictionaries(st.sampled_from(["text", "url", "timestamp", "k"]), st.text(max_size=300), min_size=1))
+@hypothesis.given(
+    st.dictionaries(st.sampled_from(["text", "url", "timestamp", "k"]), st.text(max_size=300), min_size=1)
+)
 def test_encode_example_matches_tensorflow(features):
     proto = tf.train.Example()
     for key, value in features.items():
@@ -60,7 +62,11 @@ def test_read_list(tmp_path):
 def test_filter_by_url_list(tmp_path):
     urls = tmp_path / "urls.txt"
     urls.write_text("https://www.a.org/story/\nhttp://b.org/x?utm_source=feed\nhttp://missing.org/\n# c\n")
-    pages = [Page("http://a.org/story", "t", "a"), Page("https://b.org/x", "t", "b"), Page("http://c.org/", "t", "c")]
+    pages = [
+        Page("http://a.org/story", "t", "a"),
+        Page("https://b.org/x", "t", "b"),
+        Page("http://c.org/", "t", "c"),
+    ]
     with beam.Pipeline() as pipeline:
         kept = pipeline | beam.Create(pages) | variants.FilterByUrlList(str(urls))
         beam_util.assert_that(kept, beam_util.equal_to(pages[:2]))

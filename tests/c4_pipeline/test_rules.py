@@ -85,7 +85,8 @@ def test_is_free_of_javascript():
 
 
 @pytest.mark.parametrize(
-    "phrase", ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"]
+    "phrase",
+    ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"],
 )
 def test_is_free_of_policy_notice_drops_every_phrase(phrase):
     line = f"By browsing you accept our {phrase.upper()} today."

@@ -114,7 +114,8 @@ def test_examples_are_span_corrupted_surviving_text(task):
     assert set(registered.splits) == {"train"}  # The pipeline wrote no validation split.
     documents = [vocabulary.encode(t) for t in texts]
     assert len(documents) == 2
-    examples = list(registered.get_dataset(LENGTHS, split="train", shuffle=False, seed=0).as_numpy_iterator())
+    dataset = registered.get_dataset(LENGTHS, split="train", shuffle=False, seed=0)
+    examples = list(dataset.as_numpy_iterator())
     assert examples
     first_sentinel = vocabulary.vocab_size - 1
     for ex in examples:

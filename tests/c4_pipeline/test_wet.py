@@ -1,4 +1,4 @@
-"""WET reading: well-formed records, every kind of damage, compression, and the writer round trip."""
+"""WET reading: well-formed records, every kind of damage, compression, the writer round trip."""
 
 import collections
 import gzip
@@ -48,21 +48,25 @@ def test_golden_file():
     )
 
 
+_PAGE_HEADERS = "WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nWARC-Date: 2019\r\n"
+
+
 def test_each_malformation_is_counted_and_skipped():
     good = wet.encode_wet_record(Page("http://good.org/", "2019-01-01T00:00:00Z", "Good text."))
     cases = {
         b"stray bytes\nmore stray\n": "malformed:unexpected_data",
         _record("WARC-Type: conversion\r\nno colon here\r\nContent-Length: 10\r\n"): "malformed:bad_header",
         _record("WARC-Type: conversion\r\nContent-Length: ten\r\n"): "malformed:bad_content_length",
-        _record("WARC-Type: conversion\r\nWARC-Date: 2019\r\nContent-Length: 10\r\n"): "malformed:missing_uri",
+        _record("WARC-Type: conversion\r\nWARC-Date: 2019\r\nContent-Length: 10\r\n"):
+            "malformed:missing_uri",
         _record("WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nContent-Length: 10\r\n"):
             "malformed:missing_date",
         _record(
-            "WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nWARC-Date: 2019\r\nContent-Length: 4\r\n",
+            _PAGE_HEADERS + "Content-Length: 4\r\n",
             b"\xff\xfe\xfd!",
         ): "malformed:bad_utf8",
         _record(
-            "WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nWARC-Date: 2019\r\nContent-Length: 3\r\n",
+            _PAGE_HEADERS + "Content-Length: 3\r\n",
             b" \r\n",
         ): "page_dropped:empty",
         _record("WARC-Type: request\r\nContent-Length: 10\r\n"): "record:other",

@@ -28,8 +28,9 @@ def split_patterns(data_dir: str) -> dict[str, str]:
     found = {split: p for split, p in patterns.items() if tf.io.gfile.glob(p)}
     if "train" not in found:
         raise ValueError(
-            f"No C4 pipeline shards in {data_dir!r} (expected files matching {patterns['train']!r}). "
-            "Run `python -m c4_pipeline --wet_paths=... --output_dir=DIR` and pass DIR."
+            f"No C4 pipeline shards in {data_dir!r} (expected files matching "
+            f"{patterns['train']!r}). Run `python -m c4_pipeline --wet_paths=... "
+            "--output_dir=DIR` and pass DIR."
         )
     return found
 
@@ -78,7 +79,9 @@ def register_c4_pipeline_task(
         name,
         source=source,
         preprocessors=[
-            functools.partial(seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}),
+            functools.partial(
+                seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}
+            ),
             seqio.preprocessors.tokenize,
             seqio.CacheDatasetPlaceholder(),
             objective or _default_objective(),
