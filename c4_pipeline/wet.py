@@ -24,7 +24,7 @@ Counter names (namespace `read`):
   page_dropped:empty           conversion records with no text
   malformed:unexpected_data    runs of bytes between records that are not a record
   malformed:bad_header         header lines without "name: value", or headers cut off by the end
-  malformed:bad_content_length missing or non-numeric Content-Length
+  malformed:bad_content_length missing, non-numeric or implausible (> 64 MiB) Content-Length
   malformed:truncated          records whose body is shorter than its Content-Length
   malformed:missing_uri        conversion records without WARC-Target-URI
   malformed:missing_date       conversion records without WARC-Date
@@ -44,6 +44,10 @@ from apache_beam.io.filesystems import FileSystems
 from c4_pipeline.page import Page
 
 _VERSION_PREFIX = b"WARC/"
+# NOTE: WET bodies are extracted text, rarely above 1 MB. A larger Content-Length is a damaged
+# header; trusting it would swallow the following records (or allocate gigabytes at once).
+MAX_RECORD_BYTES = 64 * 2**20
+_CHUNK_BYTES = 2**20
 
 
 def _next_version_line(
@@ -62,6 +66,18 @@ def _next_version_line(
             counters["malformed:unexpected_data"] += 1
             counted = True
     return False
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> Optional[bytes]:
+    """Reads `size` bytes in bounded chunks; None when the stream ends first."""
+    chunks, remaining = [], size
+    while remaining:
+        chunk = stream.read(min(remaining, _CHUNK_BYTES))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 def _read_headers(stream: BinaryIO, counters: collections.Counter) -> Optional[dict[str, str]]:
@@ -120,12 +136,12 @@ def iter_wet_pages(stream: BinaryIO, counters: collections.Counter) -> Iterator[
             if headers is None:
                 continue
             length = headers.get("content-length", "")
-            if not length.isdigit():
+            if not length.isdigit() or int(length) > MAX_RECORD_BYTES:
                 counters["malformed:bad_content_length"] += 1
                 continue
             after_bad_record = False
-            body = stream.read(int(length))
-            if len(body) < int(length):
+            body = _read_exactly(stream, int(length))
+            if body is None:
                 counters["malformed:truncated"] += 1
                 return
             record_type = headers.get("warc-type", "")

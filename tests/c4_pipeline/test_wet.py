@@ -57,6 +57,8 @@ def test_each_malformation_is_counted_and_skipped():
         b"stray bytes\nmore stray\n": "malformed:unexpected_data",
         _record("WARC-Type: conversion\r\nno colon here\r\nContent-Length: 10\r\n"): "malformed:bad_header",
         _record("WARC-Type: conversion\r\nContent-Length: ten\r\n"): "malformed:bad_content_length",
+        _record(f"WARC-Type: conversion\r\nContent-Length: {wet.MAX_RECORD_BYTES + 1}\r\n"):
+            "malformed:bad_content_length",
         _record("WARC-Type: conversion\r\nWARC-Date: 2019\r\nContent-Length: 10\r\n"):
             "malformed:missing_uri",
         _record("WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nContent-Length: 10\r\n"):
