@@ -103,10 +103,6 @@ class C4Config:
             raise ValueError(f"num_shards must be >= 0 (0: runner decides); got {self.num_shards}.")
 
 
-def _read_file(path: str, counters: collections.Counter) -> Iterable[Page]:
-    return wet.read_wet_file(path, counters)
-
-
 class ReadWetFiles(beam.PTransform):
     """PBegin -> PCollection[Page] from WET files matched by path patterns."""
 
@@ -121,7 +117,7 @@ class ReadWetFiles(beam.PTransform):
             | "Match" >> fileio.MatchAll()
             | "Paths" >> beam.Map(lambda metadata: metadata.path)
             | "SpreadFiles" >> beam.Reshuffle()
-            | "Parse" >> beam.ParDo(counting.CountingFn("read", _read_file))
+            | "Parse" >> beam.ParDo(counting.CountingFn("read", wet.read_wet_file))
         )
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import tensorflow as tf
 
-from c4_pipeline import C4Config, dedup, langid, run
+from c4_pipeline import C4Config, dedup, langid, pipeline, run
 from c4_pipeline.page import Page
 
 
@@ -128,3 +128,15 @@ def test_config_errors_say_what_to_pass():
         C4Config(wet_paths=("a",), output_dir="/tmp/x", variant="realnewslike", badwords=("x",))
     with pytest.raises(ValueError, match="variant must be one of"):
         C4Config(wet_paths=("a",), output_dir="/tmp/x", variant="c5")
+
+
+def test_newest_capture_combiner_is_order_free():
+    old = Page("http://a.org/x", "2018-01-01T00:00:00Z", "old")
+    new = Page("https://a.org/x/", "2019-01-01T00:00:00Z", "new")
+    twin = Page("http://www.a.org/x", "2019-01-01T00:00:00Z", "twin")  # same time as `new`
+    combiner = pipeline._NewestCapture()
+    winner = max(new, twin, key=dedup.page_key)
+    for order in ([old, new, twin], [twin, old, new], [new, twin, old]):
+        accumulators = [combiner.add_input(combiner.create_accumulator(), p) for p in order]
+        merged = combiner.merge_accumulators([accumulators[0], combiner.merge_accumulators(accumulators[1:])])
+        assert combiner.extract_output(merged) == (winner, 3)
