@@ -22,7 +22,6 @@ Counter names (namespace `langid`):
 
 import collections
 import functools
-import json
 import os
 
 import langdetect
