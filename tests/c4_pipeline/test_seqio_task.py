@@ -1,8 +1,8 @@
 """The pipeline's output feeds a span-corruption seqio task and yields a packed batch.
 
-The span-corruption objective comes from the top-level `preprocessors` package. The task's
-plumbing (source, tokenization, EOS, packing) is also checked with a stand-in objective, so it is
-tested even where that package lacks `span_corruption`.
+The span-corruption objective is the task's default, `preprocessors.span_corruption`. The task's
+plumbing (source, tokenization, EOS, packing) is also checked with a stand-in objective whose
+output is known exactly.
 """
 
 import numpy as np
@@ -12,16 +12,6 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from t2t.data.tasks import c4_pipeline as c4_tasks
-
-try:
-    import preprocessors
-
-    HAS_SPAN_CORRUPTION = hasattr(preprocessors, "span_corruption")
-except ImportError:
-    HAS_SPAN_CORRUPTION = False
-needs_span_corruption = pytest.mark.skipif(
-    not HAS_SPAN_CORRUPTION, reason="preprocessors.span_corruption is not available"
-)
 
 LENGTHS = {"inputs": 64, "targets": 16}
 PACKED_FEATURES = sorted([
@@ -108,7 +98,6 @@ def _contains(haystack, needle):
     return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
-@needs_span_corruption
 def test_examples_are_span_corrupted_surviving_text(task):
     registered, vocabulary, texts = task
     assert set(registered.splits) == {"train"}  # The pipeline wrote no validation split.
@@ -136,16 +125,39 @@ def test_examples_are_span_corrupted_surviving_text(task):
         assert any(_contains(a + b, restored) for a in documents for b in documents if a is not b)
 
 
-@needs_span_corruption
+def _check_packed_rows(batch):
+    """Packing invariants: positions restart and decoder inputs shift within each segment."""
+    for row in range(batch["encoder_input_tokens"].shape[0]):
+        for prefix in ("encoder", "decoder"):
+            segments, positions = batch[f"{prefix}_segment_ids"][row], batch[f"{prefix}_positions"][row]
+            for segment in set(segments[segments > 0]):
+                in_segment = segments == segment
+                np.testing.assert_array_equal(positions[in_segment], np.arange(in_segment.sum()))
+        targets, inputs = batch["decoder_target_tokens"][row], batch["decoder_input_tokens"][row]
+        segments = batch["decoder_segment_ids"][row]
+        for segment in set(segments[segments > 0]):
+            in_segment = segments == segment
+            np.testing.assert_array_equal(inputs[in_segment], np.concatenate([[0], targets[in_segment][:-1]]))
+    np.testing.assert_array_equal(
+        batch["decoder_loss_weights"], (batch["decoder_target_tokens"] > 0).astype(np.int32)
+    )
+
+
 def test_packed_batch(task):
     registered, _, _ = task
     dataset = registered.get_dataset(LENGTHS, split="train", shuffle=False, seed=0)
+    examples = list(dataset.as_numpy_iterator())
     packed = seqio.EncDecFeatureConverter(pack=True)(dataset, LENGTHS)
     batch = next(packed.batch(2).as_numpy_iterator())
     assert sorted(batch) == PACKED_FEATURES
     assert batch["encoder_input_tokens"].shape == (2, 64)
     assert batch["decoder_target_tokens"].shape == (2, 16)
-    assert batch["encoder_segment_ids"].max() >= 2  # at least two examples packed in a row
-    np.testing.assert_array_equal(
-        batch["decoder_loss_weights"], (batch["decoder_target_tokens"] > 0).astype(np.int32)
-    )
+    # Concatenated documents are cut so that inputs fill a row exactly (EOS included).
+    assert (batch["encoder_segment_ids"][0] == 1).all()
+    _check_packed_rows(batch)
+    # Packing loses no token and no example.
+    rows = next(packed.batch(len(examples)).as_numpy_iterator())
+    assert (rows["encoder_segment_ids"] > 0).sum() == sum(len(ex["inputs"]) for ex in examples)
+    assert (rows["decoder_segment_ids"] > 0).sum() == sum(len(ex["targets"]) for ex in examples)
+    segments = sum(len(set(row[row > 0])) for row in rows["encoder_segment_ids"])
+    assert segments == len(examples)
