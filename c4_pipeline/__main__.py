@@ -1,0 +1,74 @@
+"""Command line: `python -m c4_pipeline --wet_paths=... --output_dir=... [Beam flags]`.
+
+Flags this module does not know (`--runner`, `--project`, `--region`, `--temp_location`,
+`--flink_master`, `--spark_master_url`, `--direct_num_workers`, ...) go to Beam's
+`PipelineOptions`, so the same command runs on any runner.
+"""
+
+import argparse
+import json
+import logging
+import sys
+from typing import Optional, Sequence
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from c4_pipeline import badwords
+from c4_pipeline import langid
+from c4_pipeline import pipeline
+from c4_pipeline import variants
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Splits `argv` into this pipeline's flags and the Beam flags it passes on."""
+    parser = argparse.ArgumentParser(
+        prog="python -m c4_pipeline",
+        description="Build C4 (the T5 paper's Colossal Clean Crawled Corpus) from WET files.",
+    )
+    add = parser.add_argument
+    add("--wet_paths", required=True,
+        help="comma-separated WET files or glob patterns (local, gs://, s3://, hdfs://)")
+    add("--output_dir", required=True, help="directory for the shards and stats.json")
+    add("--variant", default="c4", choices=pipeline.VARIANTS)
+    add("--badwords_file", default="",
+        help="bad-words list, one per line; default: download the pinned LDNOOBW 'en' list")
+    add("--badwords_url", default=badwords.BADWORDS_URL,
+        help="where to download the bad-words list when --badwords_file is not given")
+    add("--domains_file", default="", help="realnewslike: one domain per line")
+    add("--urls_file", default="", help="webtextlike: one URL per line")
+    add("--min_language_probability", type=float, default=langid.MIN_ENGLISH_PROBABILITY)
+    add("--validation_fraction", type=float, default=0.0,
+        help="share of pages (by URL hash) written to a validation split")
+    add("--num_shards", type=int, default=0, help="shards per split; 0: runner decides")
+    return parser.parse_known_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> pipeline.C4Config:
+    """Builds the config, loading the bad-words, domain and URL lists the variant needs."""
+    words = ()
+    if args.variant != "unfiltered":
+        words = tuple(badwords.load_badwords(args.badwords_file or args.badwords_url))
+    domains = tuple(variants.read_list(args.domains_file)) if args.variant == "realnewslike" else ()
+    return pipeline.C4Config(
+        wet_paths=tuple(p.strip() for p in args.wet_paths.split(",") if p.strip()),
+        output_dir=args.output_dir,
+        variant=args.variant,
+        badwords=words,
+        domains=domains,
+        urls_path=args.urls_file,
+        min_language_probability=args.min_language_probability,
+        validation_fraction=args.validation_fraction,
+        num_shards=args.num_shards,
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO)
+    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
+    stats = pipeline.run(config_from_args(args), PipelineOptions(beam_args))
+    print(json.dumps(stats["counters"], indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
