@@ -52,7 +52,7 @@ def test_macro_f1_three_classes_with_invalid():
     targets = [0, 1, 2, 2, 1, 0, 2, 1]
     predictions = [0, 2, 2, -1, 1, 0, 1, 5]
     got = metrics.macro_f1(targets, predictions, num_classes=3)["macro_f1"]
-    # Per class by hand: class 0 TP2 -> F1 1; class 1 TP1 FP1 FN2 -> 2/5; class 2 TP1 FP1 FN2 -> 2/5.
+    # Per class by hand: class 0 TP2 -> F1 1; classes 1 and 2 TP1 FP1 FN2 -> 2/5 each.
     assert got == pytest.approx(100 * (1 + 0.4 + 0.4) / 3)
     expected = sklearn.metrics.f1_score(targets, predictions, labels=[0, 1, 2], average="macro")
     assert got == pytest.approx(100 * expected)
@@ -64,7 +64,8 @@ def test_correlations_against_scipy():
     targets = [0.0, 1.2, 3.4, 5.0, 2.2, 4.8]
     predictions = [0.4, 1.0, 3.0, 4.6, -1.0, 5.0]  # -1: an unparseable prediction's default.
     got = metrics.pearson_and_spearman(targets, predictions)
-    assert got["pearson_corrcoef"] == pytest.approx(100 * scipy.stats.pearsonr(targets, predictions)[0])
+    pearson = scipy.stats.pearsonr(targets, predictions)[0]
+    assert got["pearson_corrcoef"] == pytest.approx(100 * pearson)
     assert got["spearman_corrcoef"] == pytest.approx(
         100 * scipy.stats.spearmanr(targets, predictions)[0]
     )
@@ -102,7 +103,8 @@ def test_squad_em_f1_max_over_answers():
 
 
 def test_record_em_f1_single_string_target():
-    got = metrics.record_em_f1([["Obama", "Barack Obama"], "Paris"], ["barack obama", "paris, France"])
+    targets = [["Obama", "Barack Obama"], "Paris"]
+    got = metrics.record_em_f1(targets, ["barack obama", "paris, France"])
     # By hand: EM 1, 0; F1 1 and 2*(1/2*1)/(1/2+1) = 2/3.
     assert got["em"] == pytest.approx(50.0)
     assert got["f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
@@ -197,5 +199,6 @@ def test_clear_errors():
 
 def test_percent_scale_of_perfect_predictions():
     assert metrics.f1([1, 0, 1], [1, 0, 1])["f1"] == pytest.approx(100.0)
-    assert metrics.matthews_corrcoef([1, 0, 1], [1, 0, 1])["matthews_corrcoef"] == pytest.approx(100.0)
+    perfect = metrics.matthews_corrcoef([1, 0, 1], [1, 0, 1])
+    assert perfect["matthews_corrcoef"] == pytest.approx(100.0)
     assert math.isclose(metrics.pearson_corrcoef([1, 2, 3], [2, 4, 6])["pearson_corrcoef"], 100.0)
