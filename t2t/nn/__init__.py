@@ -1,1 +1,36 @@
-"""The network: configuration presets, layers, attention with a KV cache, and the architectures."""
+"""The network: configuration presets, layers, attention with a KV cache, and the architectures.
+
+    config = t2t.nn.get_preset("t5_small")
+    model = t2t.nn.build(config, nnx.Rngs(params=0))
+    logits = model(encoder_input_tokens, decoder_input_tokens)  # [B, T, V] float32
+"""
+
+from flax import nnx
+
+from t2t.nn.config import ARCHITECTURES, TransformerConfig
+from t2t.nn.decoder_only import DecoderOnly
+from t2t.nn.encoder_decoder import EncoderDecoder
+from t2t.nn.presets import PRESETS, get_preset
+
+
+def build(config: TransformerConfig, rngs: nnx.Rngs) -> EncoderDecoder | DecoderOnly:
+    """The module for `config.architecture`: `EncoderDecoder` or `DecoderOnly`.
+
+    Use under `nnx.eval_shape(lambda: build(config, nnx.Rngs(0)))` for shapes without memory.
+    """
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"build() needs a TransformerConfig, got {type(config).__name__}.")
+    if config.is_decoder_only:
+        return DecoderOnly(config, rngs=rngs)
+    return EncoderDecoder(config, rngs=rngs)
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "PRESETS",
+    "DecoderOnly",
+    "EncoderDecoder",
+    "TransformerConfig",
+    "build",
+    "get_preset",
+]

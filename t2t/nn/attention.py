@@ -1,0 +1,121 @@
+"""Multi-head dot-product attention with T5's conventions and a key/value cache for decoding.
+
+Kernels are 2-D (`[D, N*H]` and `[N*H, D]`) so Adafactor factors them like T5 did. The bias
+(relative position plus mask) is computed once per stack by the caller and only added here.
+
+The decoding cache stores keys and values as [B, N, S, H]: a one-token step then reads them as a
+batched matrix-vector product without transposing the cache (measured 2.5x faster on CPU than
+[B, S, N, H]), and the new token is written in place with `dynamic_update_slice` per row.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t2t.nn import axes, layers
+from t2t.nn.config import TransformerConfig
+
+
+class MultiHeadAttention(nnx.Module):
+    """T5 attention: no biases on q/k/v/o and no 1/sqrt(H) scaling of the logits."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.num_heads = config.num_heads
+        self.d_kv = config.d_kv
+        self.dtype = config.compute_dtype
+        self.dropout_rate = config.dropout_rate
+        d, inner = config.d_model, config.inner_dim
+        in_names = (axes.EMBED, axes.JOINED_KV)
+        # NOTE: T5 does not divide attention logits by sqrt(d_kv); the factor is folded into the
+        # query initializer instead (std (d_model * d_kv)**-0.5 rather than d_model**-0.5).
+        self.query = layers.Dense(d, inner, names=in_names, config=config,
+                                  init=layers.fan_in_init(1.0 / config.d_kv), rngs=rngs)
+        self.key = layers.Dense(d, inner, names=in_names, config=config,
+                                init=layers.fan_in_init(), rngs=rngs)
+        self.value = layers.Dense(d, inner, names=in_names, config=config,
+                                  init=layers.fan_in_init(), rngs=rngs)
+        self.out = layers.Dense(inner, d, names=(axes.JOINED_KV, axes.EMBED), config=config,
+                                init=layers.fan_in_init(), rngs=rngs)
+
+    def _split_heads(self, x: jax.Array) -> jax.Array:
+        """[B, L, N*H] -> [B, L, N, H]."""
+        return x.reshape(*x.shape[:-1], self.num_heads, self.d_kv)
+
+    def project_kv(self, inputs_kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """[B, S, D] -> keys and values, each [B, N, S, H] (the cache layout)."""
+        k = self._split_heads(self.key(inputs_kv))  # [B, S, N, H]
+        v = self._split_heads(self.value(inputs_kv))
+        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_kv: jax.Array,
+        bias: jax.Array | None,
+        *,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
+        """Attention of every query over every key.
+
+        Args:
+          inputs_q: [B, L, D].
+          inputs_kv: [B, S, D].
+          bias: float32, broadcastable to [B, N, L, S] (relative position bias plus mask bias),
+            or None.
+          rngs: dropout on the attention weights when given.
+
+        Returns:
+          [B, L, D].
+        """
+        k, v = self.project_kv(inputs_kv)
+        return self.attend(inputs_q, k, v, bias, rngs=rngs)
+
+    def attend(
+        self,
+        inputs_q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        bias: jax.Array | None,
+        *,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
+        """Attention of new queries over given (possibly cached) keys and values.
+
+        Args:
+          inputs_q: [B, L, D] (L = 1 in a decoding step).
+          k: [B, N, S, H] keys.
+          v: [B, N, S, H] values.
+          bias: float32, broadcastable to [B, N, L, S], or None.
+          rngs: dropout on the attention weights when given.
+
+        Returns:
+          [B, L, D].
+        """
+        q = self._split_heads(self.query(inputs_q))  # [B, L, N, H]
+        logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=jnp.float32)
+        if bias is not None:
+            logits = logits + bias
+        weights = jax.nn.softmax(logits, axis=-1)  # [B, N, L, S] float32
+        weights = layers.dropout(weights, self.dropout_rate, rngs).astype(self.dtype)
+        out = jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
+        return self.out(out.reshape(*out.shape[:2], -1))  # [B, L, D]
+
+
+def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+    """Writes each row's new entries into the cache at that row's own position.
+
+    Args:
+      cache: [B, N, S, H].
+      new: [B, N, P, H], P new positions per row.
+      index: [B] int32, the first position to write in each row.
+
+    Returns:
+      [B, N, S, H], the updated cache.
+    """
+
+    def write_row(row, update, start):  # [N, S, H], [N, P, H], []
+        return jax.lax.dynamic_update_slice_in_dim(row, update.astype(row.dtype), start, axis=1)
+
+    return jax.vmap(write_row)(cache, new, index)

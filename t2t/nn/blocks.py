@@ -1,0 +1,144 @@
+"""Encoder and decoder layers: pre-norm residual sublayers, `x + Dropout(Sublayer(Norm(x)))`.
+
+A decoder layer serves three architectures: the encoder-decoder (self-attention, cross-attention,
+MLP), the decoder-only LM (no cross-attention), and the shared encoder-decoder, where the layer
+owns only its cross-attention and borrows the self-attention, the MLP and their norms from the
+encoder layer of the same index (passed in as `shared`).
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from t2t.nn import attention, layers
+from t2t.nn.config import TransformerConfig
+
+KV = tuple[jax.Array, jax.Array]
+
+
+class EncoderLayer(nnx.Module):
+    """Bidirectional self-attention then MLP, each a pre-norm residual branch."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.dropout_rate = config.dropout_rate
+        self.pre_attention_layer_norm = layers.RMSNorm(config, rngs=rngs)
+        self.attention = attention.MultiHeadAttention(config, rngs=rngs)
+        self.pre_mlp_layer_norm = layers.RMSNorm(config, rngs=rngs)
+        self.mlp = layers.Mlp(config, rngs=rngs)
+
+    def __call__(self, x: jax.Array, bias: jax.Array | None, *, rngs=None) -> jax.Array:
+        """[B, L, D] -> [B, L, D]; `bias` broadcasts to [B, N, L, L]."""
+        y = self.pre_attention_layer_norm(x)
+        y = self.attention(y, y, bias, rngs=rngs)
+        x = x + layers.dropout(y, self.dropout_rate, rngs)
+        y = self.mlp(self.pre_mlp_layer_norm(x), rngs=rngs)
+        return x + layers.dropout(y, self.dropout_rate, rngs)
+
+
+class DecoderLayer(nnx.Module):
+    """Causal self-attention, optional cross-attention over the encoder output, then MLP."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        *,
+        cross_attention: bool,
+        shares_encoder_layer: bool = False,
+        rngs: nnx.Rngs,
+    ):
+        self.dropout_rate = config.dropout_rate
+        self.has_cross_attention = cross_attention
+        if not shares_encoder_layer:
+            self.pre_self_attention_layer_norm = layers.RMSNorm(config, rngs=rngs)
+            self.self_attention = attention.MultiHeadAttention(config, rngs=rngs)
+        if cross_attention:
+            self.pre_cross_attention_layer_norm = layers.RMSNorm(config, rngs=rngs)
+            self.encoder_decoder_attention = attention.MultiHeadAttention(config, rngs=rngs)
+        if not shares_encoder_layer:
+            self.pre_mlp_layer_norm = layers.RMSNorm(config, rngs=rngs)
+            self.mlp = layers.Mlp(config, rngs=rngs)
+
+    def _borrowed(self, shared: EncoderLayer | None):
+        """(self-attention norm, self-attention, MLP norm, MLP): own, or the shared layer's."""
+        if shared is None:
+            return (self.pre_self_attention_layer_norm, self.self_attention,
+                    self.pre_mlp_layer_norm, self.mlp)
+        return (shared.pre_attention_layer_norm, shared.attention,
+                shared.pre_mlp_layer_norm, shared.mlp)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        self_bias: jax.Array | None,
+        encoded: jax.Array | None = None,
+        cross_bias: jax.Array | None = None,
+        *,
+        shared: EncoderLayer | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[jax.Array, KV]:
+        """The layer over a whole sequence.
+
+        Args:
+          x: [B, T, D].
+          self_bias: broadcastable to [B, N, T, T] (relative position + causal/packing mask).
+          encoded: [B, L, D] encoder output (encoder-decoder only).
+          cross_bias: broadcastable to [B, N, T, L].
+          shared: the encoder layer to borrow from (shared encoder-decoder only).
+          rngs: dropout when given.
+
+        Returns:
+          The new [B, T, D], and this layer's self-attention keys and values, each [B, N, T, H]
+          (to fill a decoding cache; XLA drops them when unused).
+        """
+        norm, self_attention, mlp_norm, mlp = self._borrowed(shared)
+        y = norm(x)
+        k, v = self_attention.project_kv(y)
+        y = self_attention.attend(y, k, v, self_bias, rngs=rngs)
+        x = x + layers.dropout(y, self.dropout_rate, rngs)
+        if self.has_cross_attention:
+            cross_kv = self.encoder_decoder_attention.project_kv(encoded)
+            x = self._cross_attend(x, cross_kv, cross_bias, rngs)
+        y = mlp(mlp_norm(x), rngs=rngs)
+        return x + layers.dropout(y, self.dropout_rate, rngs), (k, v)
+
+    def _cross_attend(self, x, cross_kv: KV, cross_bias, rngs):
+        y = self.pre_cross_attention_layer_norm(x)
+        y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias, rngs=rngs)
+        return x + layers.dropout(y, self.dropout_rate, rngs)
+
+    def step(
+        self,
+        x: jax.Array,
+        cache: dict[str, jax.Array],
+        index: jax.Array,
+        self_bias: jax.Array,
+        cross_bias: jax.Array | None = None,
+        *,
+        shared: EncoderLayer | None = None,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """One decoding position, deterministic.
+
+        Args:
+          x: [B, 1, D], the new token's activations.
+          cache: `self_key`, `self_value` [B, N, S, H] (and `cross_key`, `cross_value`
+            [B, N, L, H] with cross-attention).
+          index: [B] int32, the position of the new token in each row.
+          self_bias: [B, N, 1, S], relative position bias plus the causal mask for the new row.
+          cross_bias: [B, 1, 1, L] encoder padding bias.
+          shared: the encoder layer to borrow from (shared encoder-decoder only).
+
+        Returns:
+          [B, 1, D] and the cache with the new key and value written at `index`.
+        """
+        norm, self_attention, mlp_norm, mlp = self._borrowed(shared)
+        y = norm(x)
+        k_new, v_new = self_attention.project_kv(y)  # [B, N, 1, H]
+        cache = dict(cache)
+        cache["self_key"] = attention.write_cache(cache["self_key"], k_new, index)
+        cache["self_value"] = attention.write_cache(cache["self_value"], v_new, index)
+        x = x + self_attention.attend(y, cache["self_key"], cache["self_value"], self_bias)
+        if self.has_cross_attention:
+            cross_kv = (cache["cross_key"], cache["cross_value"])
+            x = self._cross_attend(x, cross_kv, cross_bias, None)
+        return x + mlp(mlp_norm(x)), cache

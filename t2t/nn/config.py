@@ -1,0 +1,197 @@
+"""The one configuration object of the network, validated when it is made.
+
+Every module of `t2t.nn` receives the whole `TransformerConfig`; nothing else configures the
+network. A bad value fails here, at construction, with the field name, the value received and what
+would be accepted, instead of as a shape error deep inside a jitted function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+ARCHITECTURES = ("encoder_decoder", "encoder_decoder_shared", "decoder_only", "prefix_lm")
+DECODER_ONLY_ARCHITECTURES = ("decoder_only", "prefix_lm")
+
+# Supported MLP activation tuples. One name: `wo(act(wi(x)))`. Two names: a gated unit
+# `wo(act0(wi_0(x)) * act1(wi_1(x)))` (T5 v1.1 uses ("gelu", "linear")). "gelu" is the tanh
+# approximation, as in T5X and HF's "gelu_new".
+MLP_ACTIVATIONS = (("relu",), ("gelu", "linear"), ("relu", "linear"))
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+PARAM_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of a T5-family network (paper Table 2 architectures, v1.0 and v1.1).
+
+    Attributes:
+      vocab_size: V, rows of the token embedding (a multiple of 128 for T5 checkpoints).
+      d_model: D, width of the residual stream.
+      d_ff: F, hidden width of the feed-forward block.
+      d_kv: H, width of one attention head (`num_heads * d_kv` need not equal `d_model`).
+      num_heads: N, attention heads.
+      num_encoder_layers: encoder depth; 0 for the decoder-only architectures.
+      num_decoder_layers: decoder depth (for decoder-only models, the whole depth).
+      mlp_activations: ("relu",) for T5 v1.0, ("gelu", "linear") for v1.1's gated GELU,
+        ("relu", "linear") for a gated ReLU.
+      logits_via_embedding: True: logits are the decoder output scaled by d_model**-0.5 times the
+        transposed token embedding (v1.0). False: a separate `logits_dense` kernel (v1.1).
+      dropout_rate: dropout probability at every place T5 applies it (0.1 for v1.0 fine-tuning,
+        0.0 for v1.1 pretraining).
+      relative_attention_num_buckets: R, buckets of the relative position bias.
+      relative_attention_max_distance: distance beyond which relative positions share a bucket.
+      layer_norm_epsilon: epsilon of the RMS norm.
+      dtype: compute dtype of matmuls ("float32" or "bfloat16"). Softmax, norms, logits and the
+        loss stay in float32.
+      param_dtype: storage dtype of parameters ("float32" by default).
+      architecture: one of `encoder_decoder`, `encoder_decoder_shared`, `decoder_only`,
+        `prefix_lm`.
+    """
+
+    vocab_size: int
+    d_model: int
+    d_ff: int
+    d_kv: int
+    num_heads: int
+    num_encoder_layers: int
+    num_decoder_layers: int
+    mlp_activations: tuple[str, ...] = ("relu",)
+    logits_via_embedding: bool = True
+    dropout_rate: float = 0.1
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    architecture: str = "encoder_decoder"
+
+    def __post_init__(self):
+        # Normalize inputs that arrive as lists (JSON, gin) or dtype objects to canonical forms,
+        # so equal configs compare and hash equal.
+        object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        object.__setattr__(self, "dtype", _dtype_name("dtype", self.dtype, COMPUTE_DTYPES))
+        object.__setattr__(
+            self, "param_dtype", _dtype_name("param_dtype", self.param_dtype, PARAM_DTYPES)
+        )
+        self._validate_sizes()
+        self._validate_choices()
+        self._validate_relative_attention()
+
+    def _validate_sizes(self):
+        for name in ("vocab_size", "d_model", "d_ff", "d_kv", "num_heads", "num_decoder_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be a positive int, got {value!r}."
+                )
+        enc = self.num_encoder_layers
+        if not isinstance(enc, int) or isinstance(enc, bool) or enc < 0:
+            raise ValueError(
+                f"TransformerConfig.num_encoder_layers must be an int >= 0, got {enc!r}."
+            )
+        if not isinstance(self.dropout_rate, (int, float)) or not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(
+                f"TransformerConfig.dropout_rate must be in [0, 1), got {self.dropout_rate!r}."
+            )
+        if not self.layer_norm_epsilon > 0:
+            raise ValueError(
+                "TransformerConfig.layer_norm_epsilon must be > 0, got "
+                f"{self.layer_norm_epsilon!r}."
+            )
+
+    def _validate_choices(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"TransformerConfig.architecture must be one of {ARCHITECTURES}, got "
+                f"{self.architecture!r}."
+            )
+        if self.mlp_activations not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"TransformerConfig.mlp_activations must be one of {MLP_ACTIVATIONS}, got "
+                f"{self.mlp_activations!r}."
+            )
+        if not isinstance(self.logits_via_embedding, bool):
+            raise TypeError(
+                "TransformerConfig.logits_via_embedding must be a bool, got "
+                f"{self.logits_via_embedding!r}."
+            )
+        if self.is_decoder_only and self.num_encoder_layers != 0:
+            raise ValueError(
+                f"architecture={self.architecture!r} has no encoder, but num_encoder_layers="
+                f"{self.num_encoder_layers}. Set num_encoder_layers=0 and put the whole depth in "
+                "num_decoder_layers (the paper's LM uses encoder + decoder layers, e.g. 12 for "
+                "a T5-small-sized LM)."
+            )
+        if not self.is_decoder_only and self.num_encoder_layers < 1:
+            raise ValueError(
+                f"architecture={self.architecture!r} needs num_encoder_layers >= 1, got "
+                f"{self.num_encoder_layers}."
+            )
+        if (
+            self.architecture == "encoder_decoder_shared"
+            and self.num_encoder_layers != self.num_decoder_layers
+        ):
+            raise ValueError(
+                "architecture='encoder_decoder_shared' shares decoder layer i with encoder layer "
+                f"i, so the depths must match; got num_encoder_layers={self.num_encoder_layers}, "
+                f"num_decoder_layers={self.num_decoder_layers}."
+            )
+
+    def _validate_relative_attention(self):
+        buckets = self.relative_attention_num_buckets
+        distance = self.relative_attention_max_distance
+        if not isinstance(buckets, int) or buckets < 4 or buckets % 2:
+            raise ValueError(
+                "TransformerConfig.relative_attention_num_buckets must be an even int >= 4 "
+                f"(bidirectional attention splits it in two halves), got {buckets!r}."
+            )
+        # NOTE: the logarithmic part of the bucket function divides by log(max_distance / exact)
+        # with exact = num_buckets // 2 (causal); it must be positive.
+        if not isinstance(distance, int) or distance <= buckets // 2:
+            raise ValueError(
+                "TransformerConfig.relative_attention_max_distance must be an int > "
+                f"relative_attention_num_buckets // 2 = {buckets // 2}, got {distance!r}."
+            )
+
+    @property
+    def is_decoder_only(self) -> bool:
+        """Whether the architecture is a decoder-only language model (plain or prefix)."""
+        return self.architecture in DECODER_ONLY_ARCHITECTURES
+
+    @property
+    def inner_dim(self) -> int:
+        """N * H, the width of the joined attention heads."""
+        return self.num_heads * self.d_kv
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        """The dtype of matmul inputs."""
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self) -> jnp.dtype:
+        """The storage dtype of parameters."""
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes) -> TransformerConfig:
+        """Returns a copy with `changes` applied (validated again)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(
+                f"TransformerConfig has no field(s) {unknown}; fields are "
+                f"{[f.name for f in dataclasses.fields(self)]}."
+            )
+        return dataclasses.replace(self, **changes)
+
+
+def _dtype_name(field: str, value, allowed: tuple[str, ...]) -> str:
+    try:
+        name = jnp.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in allowed:
+        raise ValueError(f"TransformerConfig.{field} must be one of {allowed}, got {value!r}.")
+    return name

@@ -1,0 +1,180 @@
+"""The encoder and decoder stacks: embeddings dropout, layers, final norm, logits.
+
+Each stack owns one relative position table and computes the attention bias (relative position
+plus mask) once per call, for all of its layers. Token embedding lives in the model (it is shared
+by encoder, decoder and tied logits); stacks receive embedded tokens.
+
+NOTE: T5 has no absolute positions. Relative positions are computed from the index within the
+row; inside a packed segment these differences equal the differences of the segment's own
+positions, and pairs across segments are masked, so packing needs no positions here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from t2t.nn import axes, blocks, layers, masks
+from t2t.nn.config import TransformerConfig
+from t2t.nn.relative_position import RelativePositionBias
+
+
+def _layers(module: nnx.Module, count: int) -> list:
+    return [getattr(module, f"layers_{i}") for i in range(count)]
+
+
+class Encoder(nnx.Module):
+    """Bidirectional stack: `layers_{i}`, `relpos_bias`, `encoder_norm`."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.num_layers = config.num_encoder_layers
+        self.dropout_rate = config.dropout_rate
+        self.relpos_bias = RelativePositionBias(config, bidirectional=True, rngs=rngs)
+        for i in range(self.num_layers):
+            setattr(self, f"layers_{i}", blocks.EncoderLayer(config, rngs=rngs))
+        self.encoder_norm = layers.RMSNorm(config, rngs=rngs)
+
+    @property
+    def layers(self) -> list[blocks.EncoderLayer]:
+        return _layers(self, self.num_layers)
+
+    def __call__(self, x: jax.Array, mask: jax.Array | None, *, rngs=None) -> jax.Array:
+        """[B, L, D] embedded inputs, [B, 1, L, L] bool mask -> [B, L, D]."""
+        length = x.shape[1]
+        positions = jnp.arange(length)
+        bias = self.relpos_bias(positions, positions)  # [1, N, L, L]
+        if mask is not None:
+            bias = bias + masks.mask_to_bias(mask)  # [B, N, L, L]
+        x = layers.dropout(x, self.dropout_rate, rngs)
+        for layer in self.layers:
+            x = layer(x, bias, rngs=rngs)
+        x = self.encoder_norm(x)
+        return layers.dropout(x, self.dropout_rate, rngs)
+
+
+class Decoder(nnx.Module):
+    """Causal stack: `layers_{i}`, `relpos_bias`, `decoder_norm`, and `logits_dense` (untied)."""
+
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+        self.num_layers = config.num_decoder_layers
+        self.dropout_rate = config.dropout_rate
+        self.logits_via_embedding = config.logits_via_embedding
+        self.d_model = config.d_model
+        shares = config.architecture == "encoder_decoder_shared"
+        self.relpos_bias = RelativePositionBias(config, bidirectional=False, rngs=rngs)
+        for i in range(self.num_layers):
+            layer = blocks.DecoderLayer(
+                config, cross_attention=cross_attention, shares_encoder_layer=shares, rngs=rngs
+            )
+            setattr(self, f"layers_{i}", layer)
+        self.decoder_norm = layers.RMSNorm(config, rngs=rngs)
+        if not self.logits_via_embedding:
+            self.logits_dense = layers.Dense(
+                config.d_model, config.vocab_size, names=(axes.EMBED, axes.VOCAB), config=config,
+                init=layers.fan_in_init(), rngs=rngs,
+            )
+
+    @property
+    def layers(self) -> list[blocks.DecoderLayer]:
+        return _layers(self, self.num_layers)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        self_mask: jax.Array,
+        encoded: jax.Array | None = None,
+        cross_mask: jax.Array | None = None,
+        *,
+        embedder: layers.Embed,
+        shared_layers: list[blocks.EncoderLayer] | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
+        """Teacher-forced decoder over whole sequences.
+
+        Args:
+          x: [B, T, D] embedded decoder inputs.
+          self_mask: [B or 1, 1, T, T] bool.
+          encoded: [B, L, D] encoder output, or None without cross-attention.
+          cross_mask: [B, 1, T or 1, L] bool.
+          embedder: the token embedding (for tied logits).
+          shared_layers: encoder layers to borrow from (shared encoder-decoder only).
+          rngs: dropout when given.
+
+        Returns:
+          logits [B, T, V] float32.
+        """
+        x, _ = self.run_layers(x, self_mask, encoded, cross_mask, shared_layers, rngs)
+        return self.logits(x, embedder, rngs)
+
+    def run_layers(self, x, self_mask, encoded, cross_mask, shared_layers, rngs):
+        """The layers over [B, T, D]; returns the output and every layer's keys and values."""
+        length = x.shape[1]
+        positions = jnp.arange(length)
+        self_bias = self.relpos_bias(positions, positions) + masks.mask_to_bias(self_mask)
+        cross_bias = masks.mask_to_bias(cross_mask)
+        x = layers.dropout(x, self.dropout_rate, rngs)
+        kvs = []
+        for i, layer in enumerate(self.layers):
+            shared = None if shared_layers is None else shared_layers[i]
+            x, kv = layer(x, self_bias, encoded, cross_bias, shared=shared, rngs=rngs)
+            kvs.append(kv)
+        return x, kvs
+
+    def logits(self, x: jax.Array, embedder: layers.Embed, rngs=None) -> jax.Array:
+        """Final norm, dropout and the output projection: [B, T, D] -> [B, T, V] float32."""
+        x = self.decoder_norm(x)
+        x = layers.dropout(x, self.dropout_rate, rngs)
+        if self.logits_via_embedding:
+            # NOTE: tied logits rescale the decoder output by d_model**-0.5 (T5 v1.0).
+            return embedder.attend(x * jnp.asarray(self.d_model**-0.5, x.dtype))
+        return self.logits_dense(x).astype(jnp.float32)
+
+    def step(
+        self,
+        x: jax.Array,
+        cache: dict,
+        *,
+        embedder: layers.Embed,
+        shared_layers: list[blocks.EncoderLayer] | None = None,
+    ) -> tuple[jax.Array, dict]:
+        """One decoding position for every row.
+
+        Args:
+          x: [B, 1, D] the embedded new tokens.
+          cache: `index` [B], `layers_{i}` dicts, and `cross_bias` [B, L] with cross-attention.
+          embedder: the token embedding (for tied logits).
+          shared_layers: encoder layers to borrow from (shared encoder-decoder only).
+
+        Returns:
+          logits [B, V] float32, and the cache with the index advanced by one.
+        """
+        index = cache["index"]  # [B]
+        max_length = cache["layers_0"]["self_key"].shape[2]
+        key_positions = jnp.arange(max_length)
+        # Bias for the new query row only: [B, N, 1, S].
+        self_bias = self.relpos_bias(index[:, None], key_positions)
+        visible = key_positions[None, :] <= index[:, None]  # [B, S]
+        self_bias = self_bias + masks.mask_to_bias(visible[:, None, None, :])
+        cross_bias = cache.get("cross_bias")
+        if cross_bias is not None:
+            cross_bias = cross_bias[:, None, None, :]  # [B, 1, 1, L]
+        new_cache = dict(cache)
+        for i, layer in enumerate(self.layers):
+            shared = None if shared_layers is None else shared_layers[i]
+            x, new_cache[f"layers_{i}"] = layer.step(
+                x, cache[f"layers_{i}"], index, self_bias, cross_bias, shared=shared
+            )
+        new_cache["index"] = index + 1
+        return self.logits(x, embedder)[:, 0], new_cache
+
+    def empty_cache(self, batch_size: int, max_length: int, num_heads: int, d_kv: int, dtype):
+        """Zero self-attention caches [B, N, S, H] for every layer and a zero index [B]."""
+        shape = (batch_size, num_heads, max_length, d_kv)
+        cache = {"index": jnp.zeros((batch_size,), jnp.int32)}
+        for i in range(self.num_layers):
+            cache[f"layers_{i}"] = {
+                "self_key": jnp.zeros(shape, dtype),
+                "self_value": jnp.zeros(shape, dtype),
+            }
+        return cache
