@@ -81,12 +81,13 @@ def build_dataset(config: PipelineConfig):
     import tensorflow as tf
 
     provider = registry.get_task_or_mixture(config.mixture_or_task)
+    lengths = _lengths_for(provider, config.task_feature_lengths)
     converter = features.feature_converter(
         config.architecture, has_inputs=features.task_has_inputs(provider), pack=config.pack
     )
     dataset = seqio.get_dataset(
         mixture_or_task_name=provider,
-        task_feature_lengths=dict(config.task_feature_lengths),
+        task_feature_lengths=lengths,
         dataset_split=config.split,
         shuffle=config.shuffle,
         num_epochs=config.num_epochs,
@@ -100,6 +101,17 @@ def build_dataset(config: PipelineConfig):
     dataset = dataset.with_options(options)
     dataset = dataset.batch(config.per_host_batch_size, drop_remainder=config.num_epochs is None)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _lengths_for(provider, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+    """The lengths of the features `provider` has (a targets-only task ignores an inputs length)."""
+    missing = sorted(set(provider.output_features) - set(task_feature_lengths))
+    if missing:
+        raise ValueError(
+            f"{provider.name!r} has features {sorted(provider.output_features)} but "
+            f"task_feature_lengths {dict(task_feature_lengths)} gives no length for {missing}."
+        )
+    return {k: v for k, v in task_feature_lengths.items() if k in provider.output_features}
 
 
 class InputPipeline:
