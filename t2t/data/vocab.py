@@ -131,9 +131,19 @@ def train_sentencepiece(
         raise ValueError(f"num_pieces must be at least 8 (PAD, EOS, UNK and text), got {num_pieces}.")
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
+    # NOTE: SentencePiece swallows an exception raised by the sentence iterator and reports an
+    # empty corpus instead; keep the real error to raise it.
+    source_errors: list[Exception] = []
+
+    def lines():
+        try:
+            yield from training_lines(documents)
+        except Exception as error:  # noqa: BLE001 - re-raised below
+            source_errors.append(error)
+
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=training_lines(documents),
+            sentence_iterator=lines(),
             model_writer=model,
             model_type="unigram",
             vocab_size=num_pieces,
@@ -148,12 +158,18 @@ def train_sentencepiece(
             minloglevel=2,
         )
     except RuntimeError as error:
+        if source_errors:
+            raise source_errors[0] from error
         if "Vocabulary size" in str(error):
             raise ValueError(
                 f"The training text is too small for {num_pieces} pieces ({error}). Pass a smaller "
                 "num_pieces or more text."
             ) from error
+        if "sentences_.empty()" in str(error):
+            raise ValueError("The training text is empty; pass sources with text.") from error
         raise
+    if source_errors:
+        raise source_errors[0]
     _write_atomically(model_path, model.getvalue())
     logging.info("Wrote a %d-piece SentencePiece model to %s", num_pieces, model_path)
     return model_path
@@ -171,3 +187,41 @@ def _write_atomically(path: str, data: bytes) -> None:
         if os.path.exists(tmp_path):
             os.remove(tmp_path)
         raise
+
+
+def train_vocabulary(
+    model_path: str,
+    sources: list[str],
+    *,
+    german: str | None = None,
+    french: str | None = None,
+    romanian: str | None = None,
+    ratio: str = "10:1:1:1",
+    num_pieces: int = 32_000,
+    max_characters: int | None = 500_000_000,
+    character_coverage: float = 0.9995,
+    seed: int = 0,
+) -> str:
+    """Trains a vocabulary from text files or TFDS datasets (the logic of `t2t vocab`).
+
+    With German, French or Romanian sources, documents are mixed by `ratio` (English : German :
+    French : Romanian, the paper's 10:1:1:1; parts of absent languages are ignored). Otherwise
+    the `sources` are read in order. Sources are file globs or `tfds:NAME[#FEATURE]`.
+
+    Returns:
+      `model_path`.
+    """
+    from t2t.data import text_sources
+
+    if not sources:
+        raise ValueError("No source given; pass at least one text file glob or 'tfds:NAME'.")
+    weights = text_sources.parse_ratio(ratio, 4)
+    languages = [(german, weights[1]), (french, weights[2]), (romanian, weights[3])]
+    weighted = any(spec for spec, _ in languages)
+    # Several English sources share the English part of the ratio equally.
+    mixed = [text_sources.TextSource(spec, weights[0] / len(sources)) for spec in sources]
+    mixed += [text_sources.TextSource(spec, weight) for spec, weight in languages if spec]
+    documents = text_sources.mix_documents(mixed, weighted=weighted, max_characters=max_characters)
+    return train_sentencepiece(
+        documents, model_path, num_pieces=num_pieces, character_coverage=character_coverage, seed=seed
+    )
