@@ -7,7 +7,9 @@ Importing this module builds the corpus and its vocabulary into the cache on fir
   - `builtin_summarize`: a docstring's body -> its one-line summary (ROUGE), the offline
     stand-in for CNN/Daily Mail;
   - `builtin_package`: a docstring -> the top-level standard-library package it belongs to
-    (accuracy), the offline stand-in for a GLUE-style classification task.
+    (accuracy), the offline stand-in for a GLUE-style classification task;
+  - mixtures `builtin_supervised` (the two supervised tasks) and `builtin_multitask` (those and
+    span corruption), examples-proportional, for offline multi-task runs.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import seqio
 import tensorflow as tf
 
 from t2t import metrics
-from t2t.data import vocab
+from t2t.data import mixtures, vocab
 from t2t.data.builtin import cache
 from t2t.data.tasks import text
 
 SUPERVISED_TASKS = ("builtin_summarize", "builtin_package")
+MIXTURES = ("builtin_supervised", "builtin_multitask")
 
 
 @seqio.map_over_dataset
@@ -104,7 +107,11 @@ def register(cache_dir: str | None = None) -> list[str]:
     """Builds (if needed) the corpus under `cache_dir` and registers every built-in task."""
     corpus = cache.get_or_build(cache_dir)
     vocabulary = vocab.load_vocabulary(corpus.vocabulary_path)
-    return register_pretraining(corpus, vocabulary) + register_supervised(corpus, vocabulary)
+    names = register_pretraining(corpus, vocabulary) + register_supervised(corpus, vocabulary)
+    for name, tasks in zip(MIXTURES, (SUPERVISED_TASKS, ("builtin_span_corruption", *SUPERVISED_TASKS))):
+        seqio.MixtureRegistry.remove(name)
+        seqio.MixtureRegistry.add(name, list(tasks), default_rate=mixtures.examples_proportional())
+    return names + list(MIXTURES)
 
 
 TASKS = register()
