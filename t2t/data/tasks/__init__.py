@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import importlib
 
+from t2t.data import tf_setup
+
+# Registration modules touch TensorFlow (TFDS metadata, vocabularies): keep it off accelerators
+# from the start, before anything initializes its devices.
+tf_setup.hide_accelerators_from_tensorflow()
+
 MODULES = ("builtin", "c4", "glue", "superglue", "generation", "mixtures")
 
 
