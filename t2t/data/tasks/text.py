@@ -69,10 +69,16 @@ def objective_function(objective: str, **knobs) -> Callable:
 
 
 def pretraining_preprocessors(objective: str, text_key: str = "text", **knobs) -> list[Callable]:
-    """seqio preprocessors turning raw text (feature `text_key`) into examples of `objective`."""
+    """seqio preprocessors turning raw text (feature `text_key`) into examples of `objective`.
+
+    Tokenization is the `preprocessors` package's batched drop-in for seqio's (same ids, many
+    documents per SentencePiece call).
+    """
+    import preprocessors
+
     return [
         functools.partial(seqio.preprocessors.rekey, key_map={"inputs": None, "targets": text_key}),
-        seqio.preprocessors.tokenize,
+        preprocessors.tokenize,
         seqio.CacheDatasetPlaceholder(),
         objective_function(objective, **knobs),
         seqio.preprocessors.append_eos_after_trim,
