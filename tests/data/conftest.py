@@ -1,5 +1,8 @@
 """Fixtures shared by the data tests: the built-in corpus, built once per test session."""
 
+import importlib
+import os
+
 import pytest
 
 from t2t.data.builtin import cache
@@ -16,3 +19,12 @@ def builtin_vocabulary(builtin_corpus):
     from t2t.data import vocab
 
     return vocab.load_vocabulary(builtin_corpus.vocabulary_path)
+
+
+@pytest.fixture(scope="session")
+def builtin_tasks(builtin_corpus):
+    """Registers the built-in tasks on the session's corpus; returns their names."""
+    root = os.path.dirname(os.path.dirname(builtin_corpus.directory))
+    os.environ["T2T_CACHE_DIR"] = root  # importing the module builds into (here: finds) the cache
+    module = importlib.import_module("t2t.data.tasks.builtin")
+    return module.register(root)

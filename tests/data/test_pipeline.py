@@ -10,7 +10,7 @@ import tensorflow as tf
 from t2t.data import pipeline
 from t2t.data.tasks import text
 
-LENGTHS = {"inputs": 128, "targets": 16}
+LENGTHS = {"inputs": 128, "targets": 32}
 
 
 @seqio.map_over_dataset
@@ -77,7 +77,7 @@ def test_batches_are_numpy_with_model_features(tasks):
     assert set(batch) == {"encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
                           "decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
                           "decoder_segment_ids", "decoder_positions"}
-    assert batch["encoder_input_tokens"].shape == (4, 128) and batch["decoder_target_tokens"].shape == (4, 16)
+    assert batch["encoder_input_tokens"].shape == (4, 128) and batch["decoder_target_tokens"].shape == (4, 32)
     assert all(isinstance(v, np.ndarray) and v.dtype == np.int32 for v in batch.values())
     assert (batch["encoder_segment_ids"].max(axis=1) > 1).any()  # rows are packed
     assert not tf.config.get_visible_devices("GPU")  # TF kept off accelerators
@@ -91,9 +91,9 @@ def test_same_seed_same_batches_other_seed_other_batches(tasks):
     assert any((a["encoder_input_tokens"] != b["encoder_input_tokens"]).any() for a, b in zip(first, other))
 
 
-@pytest.mark.parametrize("name,architecture", [("pipetest_mix", "encoder_decoder"),
+@pytest.mark.parametrize("name,architecture", [("builtin_multitask", "encoder_decoder"),
                                                ("pipetest_lm", "decoder_only")])
-def test_restore_continues_exactly(tasks, tmp_path, name, architecture):
+def test_restore_continues_exactly(tasks, builtin_tasks, tmp_path, name, architecture):
     config = _config(mixture_or_task=name, architecture=architecture)
     uninterrupted = pipeline.InputPipeline(config)
     _take(uninterrupted, 3)

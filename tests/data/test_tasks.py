@@ -2,7 +2,6 @@
 ones from the real corpus. Registered mixtures name only registered tasks and mix as the paper."""
 
 import importlib
-import os
 
 import numpy as np
 import pytest
@@ -101,14 +100,6 @@ def test_c4_objective_tasks_under_mock_data(builtin_vocabulary, mocked):
                 assert "inputs" not in example
             if "span_corruption" in name:
                 assert example["inputs"].max() == example["targets"][0] == first_sentinel
-
-
-@pytest.fixture(scope="module")
-def builtin_tasks(builtin_corpus):
-    root = os.path.dirname(os.path.dirname(builtin_corpus.directory))
-    os.environ["T2T_CACHE_DIR"] = root  # importing the module builds into (here: finds) the cache
-    module = importlib.import_module("t2t.data.tasks.builtin")
-    return module.register(root)
 
 
 def test_builtin_tasks_from_real_text(builtin_tasks, builtin_vocabulary):
