@@ -160,3 +160,31 @@ def test_paper_mixtures(builtin_vocabulary, published_sizes):
     assert not {t.name for t in left_out.tasks} & set(module.glue.TRAIN_TASKS)
     glue_mix = mixtures.proportions(seqio.get_mixture_or_task("glue"))
     assert glue_mix["glue_wnli"] == 0.0 and glue_mix["glue_mnli"] > glue_mix["glue_rte"] > 0
+
+
+def test_parse_tsv_example():
+    # Same numbers as the `text.parse_tsv` docstring.
+    import tensorflow as tf
+
+    from t2t.data.tasks import text
+
+    lines = tf.data.Dataset.from_tensor_slices(["Adds two numbers.\tReturn a sum."])
+    (row,) = text.parse_tsv(lines, field_names=("body", "summary")).as_numpy_iterator()
+    assert row == {"body": b"Adds two numbers.", "summary": b"Return a sum."}
+
+
+def test_text_file_tasks(tmp_path, builtin_corpus, builtin_vocabulary):
+    from t2t.data.tasks import text
+
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(open(builtin_corpus.corpus_path("validation")).read().splitlines()[:50]))
+    names = text.register_text_file_tasks("mytext", {"train": str(train)}, builtin_vocabulary,
+                                          objectives=("span_corruption", "full_lm"))
+    assert names == ["mytext_span_corruption", "mytext_full_lm"]
+    task = seqio.get_mixture_or_task("mytext_span_corruption")
+    assert task.num_input_examples("train") == 50
+    for example in _examples(task, PRETRAIN_LENGTHS):
+        _check_tokens(example, builtin_vocabulary, PRETRAIN_LENGTHS)
+    assert "inputs" not in seqio.get_mixture_or_task("mytext_full_lm").output_features
+    with pytest.raises(ValueError, match="No file matches"):
+        text.register_text_file_tasks("missing", {"train": str(tmp_path / "nope*.txt")}, builtin_vocabulary)
