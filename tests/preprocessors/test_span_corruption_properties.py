@@ -42,7 +42,7 @@ def _span_corruption(docs, lengths, seed, token_dataset, as_lists, features, **k
 
 
 @settings(
-    max_examples=12,
+    max_examples=8,
     deadline=None,
     phases=NO_SHRINK,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
