@@ -41,10 +41,11 @@ def _add(name, tfds_name, formatter, metric_fns, vocabulary, postprocess_fn=None
 def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:
     """Registers the SQuAD, CNN/DM and WMT tasks; returns their names."""
     import preprocessors
+    from preprocessors import postprocessors
 
     vocabulary = vocabulary or vocab.default_vocabulary()
     _add("squad", SQUAD_TFDS_NAME, preprocessors.squad, [metrics.squad_em_f1], vocabulary,
-         postprocess_fn=preprocessors.qa, splits={"train": "train", "validation": "validation"})
+         postprocess_fn=postprocessors.qa, splits={"train": "train", "validation": "validation"})
     summarize = functools.partial(preprocessors.summarize, article_key="article", summary_key="highlights")
     _add("cnn_dailymail", CNN_DAILYMAIL_TFDS_NAME, summarize, [metrics.rouge], vocabulary)
     for name, (tfds_name, language) in TRANSLATION.items():

@@ -26,25 +26,27 @@ STANDARD_SPLITS = {"train": "train", "validation": "validation", "test": "test"}
 
 @dataclasses.dataclass(frozen=True)
 class ClassificationTask:
-    """One GLUE-style sub-task: where its data is, how it is formatted and scored.
+    """One GLUE-style sub-task: where its data is and how it is scored.
 
     Attributes:
-      name: the task name in the paper's prefixes (`cola`, `mnli`, ...).
-      tfds_name: TFDS dataset with config and version.
+      tfds_name: TFDS dataset with config and version (`glue/cola:2.0.0`); its config names the
+        text format (`preprocessors.text_preprocessor`).
       metric_fns: seqio metric functions.
       splits: canonical split -> TFDS split.
-      regression: STS-B: targets are scores, postprocessed to floats.
     """
 
-    name: str
     tfds_name: str
     metric_fns: tuple[Callable, ...]
     splits: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(STANDARD_SPLITS))
-    regression: bool = False
+
+    @property
+    def config(self) -> str:
+        """`glue/cola` for `glue/cola:2.0.0`."""
+        return self.tfds_name.split(":")[0]
 
 
 def _glue(config: str, metric_fns, **kwargs) -> ClassificationTask:
-    return ClassificationTask(config, f"glue/{config}:{TFDS_VERSION}", tuple(metric_fns), **kwargs)
+    return ClassificationTask(f"glue/{config}:{TFDS_VERSION}", tuple(metric_fns), **kwargs)
 
 
 MNLI_MATCHED = {"validation": "validation_matched", "test": "test_matched"}
@@ -54,7 +56,7 @@ SUBTASKS = {
     "glue_sst2": _glue("sst2", [metrics.accuracy]),
     "glue_mrpc": _glue("mrpc", [metrics.accuracy_and_f1]),
     "glue_qqp": _glue("qqp", [metrics.accuracy_and_f1]),
-    "glue_stsb": _glue("stsb", [metrics.pearson_and_spearman], regression=True),
+    "glue_stsb": _glue("stsb", [metrics.pearson_and_spearman]),
     "glue_mnli": _glue("mnli", [metrics.accuracy], splits={"train": "train"}),
     "glue_mnli_matched": _glue("mnli", [metrics.accuracy], splits=MNLI_MATCHED),
     "glue_mnli_mismatched": _glue("mnli", [metrics.accuracy], splits=MNLI_MISMATCHED),
@@ -69,25 +71,15 @@ TRAIN_TASKS = ("glue_cola", "glue_sst2", "glue_mrpc", "glue_qqp", "glue_stsb", "
 EVAL_ONLY_TASKS = ("glue_wnli", "glue_mnli_matched", "glue_mnli_mismatched")
 
 
-def label_names(tfds_name: str) -> list[str]:
-    """The class names of a TFDS dataset's `label` feature (from its code; no download)."""
-    import tensorflow_datasets as tfds
-
-    return list(tfds.builder(tfds_name).info.features["label"].names)
-
-
-def classification_preprocessors(task: ClassificationTask) -> tuple[list[Callable], Callable]:
-    """(preprocessors, postprocess_fn) of a GLUE-style task in the paper's text format."""
+def classification_postprocessor(config: str) -> Callable:
+    """Label word -> class id (-1 for anything else); STS-B text -> float."""
     import preprocessors
+    from preprocessors import postprocessors
 
-    if task.regression:
-        formatter = preprocessors.stsb
-        postprocessor = preprocessors.string_to_float
-    else:
-        names = label_names(task.tfds_name)
-        formatter = functools.partial(preprocessors.glue, benchmark_name=task.name, label_names=names)
-        postprocessor = functools.partial(preprocessors.string_label_to_class_id, label_classes=names)
-    return supervised_preprocessors(formatter), postprocessor
+    if config == "glue/stsb":
+        return postprocessors.string_to_float
+    labels = preprocessors.CLASSIFICATION_FORMATS[config].label_names
+    return functools.partial(postprocessors.string_label_to_class_id, label_classes=labels)
 
 
 def supervised_preprocessors(formatter: Callable) -> list[Callable]:
@@ -96,15 +88,24 @@ def supervised_preprocessors(formatter: Callable) -> list[Callable]:
             seqio.preprocessors.append_eos_after_trim]
 
 
-def register_classification_task(name: str, task: ClassificationTask, vocabulary: seqio.Vocabulary) -> None:
-    """Registers one GLUE-style sub-task (replacing an older registration of `name`)."""
-    processors, postprocess_fn = classification_preprocessors(task)
+def register_classification_task(
+    name: str,
+    task: ClassificationTask,
+    vocabulary: seqio.Vocabulary,
+    postprocess_fn: Callable | None = None,
+) -> None:
+    """Registers one GLUE/SuperGLUE classification task (replacing an older one of `name`).
+
+    `postprocess_fn` defaults to `classification_postprocessor(task.config)`.
+    """
+    import preprocessors
+
     seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add(
         name,
         source=seqio.TfdsDataSource(task.tfds_name, splits=dict(task.splits)),
-        preprocessors=processors,
-        postprocess_fn=postprocess_fn,
+        preprocessors=supervised_preprocessors(preprocessors.text_preprocessor(task.tfds_name)),
+        postprocess_fn=postprocess_fn or classification_postprocessor(task.config),
         metric_fns=list(task.metric_fns),
         output_features=text.output_features(vocabulary),
     )
