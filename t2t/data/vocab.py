@@ -160,19 +160,24 @@ def train_sentencepiece(
     except RuntimeError as error:
         if source_errors:
             raise source_errors[0] from error
-        if "Vocabulary size" in str(error):
-            raise ValueError(
-                f"The training text is too small for {num_pieces} pieces ({error}). Pass a smaller "
-                "num_pieces or more text."
-            ) from error
-        if "sentences_.empty()" in str(error):
-            raise ValueError("The training text is empty; pass sources with text.") from error
-        raise
+        raise _training_error(error, num_pieces) from error
     if source_errors:
         raise source_errors[0]
     _write_atomically(model_path, model.getvalue())
     logging.info("Wrote a %d-piece SentencePiece model to %s", num_pieces, model_path)
     return model_path
+
+
+def _training_error(error: RuntimeError, num_pieces: int) -> Exception:
+    """A caller-facing error for SentencePiece's internal training failures."""
+    if "Vocabulary size" in str(error):
+        return ValueError(
+            f"The training text is too small for {num_pieces} pieces ({error}). Pass a smaller "
+            "num_pieces or more text."
+        )
+    if "sentences_.empty()" in str(error):
+        return ValueError("The training text is empty; pass sources with text.")
+    return RuntimeError(f"SentencePiece training failed: {error}")
 
 
 def _write_atomically(path: str, data: bytes) -> None:
