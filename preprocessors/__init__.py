@@ -11,6 +11,8 @@ its output. Nothing here imports `t2t`.
 - `corruption`: how a noise mask turns tokens into inputs and targets.
 - `objectives`: the paper's Table 3 objectives, composed from the above.
 - `tokenization`: a batched drop-in for `seqio.preprocessors.tokenize`.
+- `classification`, `superglue`, `text_tasks`: task text formats (paper Appendix D) on TFDS records.
+- `postprocessors`: decoded text back to labels and numbers, never raising.
 """
 
 from preprocessors.chunking import (
@@ -20,6 +22,9 @@ from preprocessors.chunking import (
     split_tokens_to_inputs_length,
     split_tokens_to_targets_length,
 )
+from preprocessors.classification import CLASSIFICATION_FORMATS, glue, stsb, text_preprocessor
+from preprocessors.superglue import dpr_simple, record, wsc_simple
+from preprocessors.text_tasks import squad, summarize, translate
 from preprocessors.corruption import (
     drop_noise_tokens,
     drop_nonnoise_tokens,

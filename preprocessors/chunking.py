@@ -44,7 +44,8 @@ def random_chunks(tokens: tf.RaggedTensor, max_length: int, seed: tf.Tensor) -> 
     lengths = tokens.row_lengths()
     num_chunks = (lengths + max_length - 1) // max_length
     uniform = tf.random.stateless_uniform(tf.shape(lengths), seed, dtype=tf.float64)
-    chunk = tf.minimum(tf.cast(uniform * tf.cast(num_chunks, tf.float64), tf.int64), num_chunks - 1)
+    chunk = tf.cast(uniform * tf.cast(num_chunks, tf.float64), tf.int64)
+    chunk = tf.maximum(tf.minimum(chunk, num_chunks - 1), 0)  # empty rows stay empty
     starts = chunk * max_length
     stops = tf.minimum(starts + max_length, lengths)
     offsets = tf.ragged.range(starts, stops)  # [B, None] positions within each row
@@ -89,11 +90,13 @@ def split_rows(tokens: tf.RaggedTensor, segment_length: int) -> tf.RaggedTensor:
 
 
 def chunk_batches(batches: tf.data.Dataset, feature_key: str, max_length: int) -> tf.data.Dataset:
-    """`random_chunks` over a dataset of ragged batches, seeded per batch."""
+    """`random_chunks` over a dataset of ragged batches, seeded per batch; drops empty rows."""
     _check_positive("max_length", max_length)
 
     def chunk(batch, seed):
-        return {feature_key: random_chunks(batch[feature_key], max_length, seed)}
+        tokens = batch[feature_key]
+        tokens = tf.ragged.boolean_mask(tokens, tokens.row_lengths() > 0)
+        return {feature_key: random_chunks(tokens, max_length, seed)}
 
     return batching.map_with_seed(batches, chunk)
 

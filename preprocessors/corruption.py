@@ -52,13 +52,27 @@ def noise_span_to_unique_sentinel(
         int `[B, None]`: kept tokens and one sentinel per noise span.
     """
     del seed
+    if not vocabulary.extra_ids:
+        raise ValueError(
+            f"sentinel objectives need a vocabulary with extra ids, but {vocabulary} has none; use "
+            "seqio.SentencePieceVocabulary(path, extra_ids=100)"
+        )
     dense, mask, valid = _to_dense(tokens, noise_mask)
     previous = tf.pad(mask[:, :-1], [[0, 0], [1, 0]])
     first = mask & ~previous
     later = mask & previous
     span_index = tf.cumsum(tf.cast(first, dense.dtype), axis=1)  # 1 for the first span
+    check = tf.debugging.assert_less_equal(
+        tf.reduce_max(span_index[:, -1:]),  # spans in the busiest row
+        tf.cast(vocabulary.extra_ids, dense.dtype),
+        message=(
+            f"a sequence has more noise spans than the vocabulary's {vocabulary.extra_ids} "
+            "sentinels; lower noise_density, raise the mean span length or use shorter segments"
+        ),
+    )
     sentinels = tf.cast(sentinel_id(vocabulary) + 1, dense.dtype) - span_index
-    out = tf.where(first, sentinels, dense)
+    with tf.control_dependencies([check]):
+        out = tf.where(first, sentinels, dense)
     return tf.ragged.boolean_mask(out, valid & ~later)
 
 

@@ -30,7 +30,8 @@ def random_spans_helper(
     """Raw segment length and encoded targets length for span corruption at `inputs_length`.
 
     Both lengths count the EOS that the task appends after the objective. For a raw length T:
-    `noise = round(T*d)`, `spans = round(noise/m)`, `inputs(T) = T - noise + spans + 1`,
+    `noise = round(T*d)`, `spans = round(noise/m)` (clipped as in `noise_counts`, which only
+    matters for lengths of a few tokens), `inputs(T) = T - noise + spans + 1`,
     `targets(T) = noise + spans + 1`; T is the largest length with `inputs(T) <= inputs_length`.
 
     Example (T5_SPEC section 4): `random_spans_helper(512)` -> `(568, 114)`: 568 raw tokens hold
@@ -53,12 +54,18 @@ def random_spans_helper(
         ValueError: on an out-of-range argument, or when `targets_length` is too short.
     """
     _check_density_and_span(noise_density, mean_noise_span_length)
-    if inputs_length < 2:
-        raise ValueError(f"inputs_length must be at least 2 (room for EOS), got {inputs_length}")
+    if inputs_length < 3:
+        raise ValueError(
+            f"inputs_length must be at least 3 (a kept token, a sentinel and EOS), got {inputs_length}"
+        )
 
     def lengths_for(tokens_length: int) -> Tuple[int, int]:
-        num_noise = int(round(tokens_length * noise_density))
+        # NOTE: the same clipping as `noise_counts` (at least one noise token and one span, at
+        # least one kept token per span); it only binds for tiny lengths, where the t5 package's
+        # helper counts zero spans and its targets overflow by a sentinel.
+        num_noise = min(max(int(round(tokens_length * noise_density)), 1), tokens_length - 1)
         num_spans = int(round(num_noise / mean_noise_span_length))
+        num_spans = min(max(num_spans, 1), tokens_length - num_noise)
         return (
             tokens_length - num_noise + num_spans * extra_tokens_per_span_inputs + 1,
             num_noise + num_spans * extra_tokens_per_span_targets + 1,
@@ -139,8 +146,10 @@ def random_spans_noise_mask(
         bool `[B, W]` with `W = max(lengths)`; False beyond each row's length.
     """
     lengths = tf.cast(lengths, tf.int32)
-    padded_lengths = tf.maximum(lengths, 2)
-    num_noise, num_spans = noise_counts(lengths, noise_density, mean_noise_span_length)
+    # NOTE: one extra dummy row keeps every op well defined for an empty batch (`searchsorted`
+    # rejects zero rows); it is sliced off at the end.
+    padded_lengths = tf.maximum(tf.concat([lengths, [2]], axis=0), 2)
+    num_noise, num_spans = noise_counts(padded_lengths, noise_density, mean_noise_span_length)
     noise_seed, kept_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     noise_ends = _random_segment_ends(num_noise, num_spans, noise_seed)  # [B, K]
     kept_ends = _random_segment_ends(padded_lengths - num_noise, num_spans, kept_seed)  # [B, K]
@@ -148,12 +157,12 @@ def random_spans_noise_mask(
     previous_noise_ends = tf.pad(noise_ends[:, :-1], [[0, 0], [1, 0]])
     starts = kept_ends + previous_noise_ends  # [B, K]
     stops = kept_ends + noise_ends  # [B, K]
-    width = tf.reduce_max(padded_lengths)
-    positions = tf.broadcast_to(tf.range(width), [tf.size(lengths), width])  # [B, W]
+    width = _max_or_zero(padded_lengths)
+    positions = tf.broadcast_to(tf.range(width), [tf.size(padded_lengths), width])  # [B+1, W]
     started = tf.searchsorted(starts, positions, side="right")
     stopped = tf.searchsorted(stops, positions, side="right")
     mask = started > stopped
-    mask = mask[:, : tf.reduce_max(lengths)]
+    mask = mask[:-1, : _max_or_zero(lengths)]
     return mask & _valid_positions(lengths, tf.shape(mask)[1])
 
 
@@ -172,10 +181,10 @@ def _random_segment_ends(num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf
         columns past a row's own `num_segments` hold `num_items[b]`.
     """
     batch = tf.size(num_items)
-    num_cuts = tf.reduce_max(num_segments) - 1
+    num_cuts = tf.maximum(_max_or_zero(num_segments) - 1, 0)
     # Cut c (1 <= c < num_items) starts a new piece before item c; choose num_segments - 1 cuts
     # uniformly without replacement as the top keys of i.i.d. random keys.
-    cut_width = tf.maximum(tf.reduce_max(num_items) - 1, num_cuts)
+    cut_width = tf.maximum(_max_or_zero(num_items) - 1, num_cuts)
     keys = tf.random.stateless_uniform(
         [batch, cut_width], seed, minval=0, maxval=_MAX_INT32, dtype=tf.int32
     )
@@ -202,7 +211,7 @@ def iid_noise_mask(lengths: tf.Tensor, seed: tf.Tensor, *, noise_density: float 
         bool `[B, W]` with `W = max(lengths)`.
     """
     lengths = tf.cast(lengths, tf.int32)
-    width = tf.reduce_max(lengths)
+    width = _max_or_zero(lengths)
     uniform = tf.random.stateless_uniform([tf.size(lengths), width], seed)
     return (uniform < noise_density) & _valid_positions(lengths, width)
 
@@ -226,14 +235,19 @@ def random_prefix_mask(lengths: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     choices = tf.cast(tf.maximum(lengths - 1, 0), tf.float64)
     prefix = tf.cast(tf.floor(uniform * choices), tf.int32) + 1
     prefix = tf.minimum(prefix, lengths - 1)
-    return _valid_positions(prefix, tf.reduce_max(lengths))
+    return _valid_positions(prefix, _max_or_zero(lengths))
 
 
 def full_mask(lengths: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     """Marks every token (deshuffling permutes the whole sequence). `seed` is unused."""
     del seed
     lengths = tf.cast(lengths, tf.int32)
-    return _valid_positions(lengths, tf.reduce_max(lengths))
+    return _valid_positions(lengths, _max_or_zero(lengths))
+
+
+def _max_or_zero(values: tf.Tensor) -> tf.Tensor:
+    """`max(values)`, or 0 for an empty batch (where `reduce_max` gives the dtype's minimum)."""
+    return tf.reduce_max(tf.pad(values, [[0, 1]]))
 
 
 def _valid_positions(lengths: tf.Tensor, width: tf.Tensor) -> tf.Tensor:

@@ -122,7 +122,8 @@ def span_corruption(
 
     Segments of the raw length from `random_spans_helper` fill `sequence_length['inputs']` exactly
     once EOS is appended; the targets need the helper's targets length (114 for 512 at the
-    defaults), and a shorter `sequence_length['targets']` raises.
+    defaults), and a shorter `sequence_length['targets']` raises. A segment of a single token (the
+    tail of a document group) is dropped: it cannot hold both a kept and a noise span.
 
     Example (vocab_size 32100): segment `A B C D E F G H` with noise spans `C D` and `H` ->
     inputs `A B 32099 E F G 32098`, targets `32099 C D 32098 H`.
@@ -156,6 +157,7 @@ def span_corruption(
             mean_noise_span_length=mean_noise_span_length,
         )
     batches = _raw_segments(dataset, raw_length, concatenate_documents)
+    batches = batching.map_batches(batches, _drop_single_tokens)
     batches = denoise_batches(
         batches,
         vocabulary,
@@ -358,6 +360,12 @@ def _raw_segments(
     if concatenate_documents:
         batches = chunking.concat_batches(batches, "targets")
     return chunking.split_batches(batches, "targets", segment_length)
+
+
+def _drop_single_tokens(batch):
+    """Drops 1-token segments: they cannot hold both a kept and a noise span."""
+    tokens = batch["targets"]
+    return {"targets": tf.ragged.boolean_mask(tokens, tokens.row_lengths() > 1)}
 
 
 def shared_vocabulary(output_features: OutputFeatures) -> seqio.Vocabulary:

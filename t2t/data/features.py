@@ -1,0 +1,103 @@
+"""Which seqio feature converter turns task examples into model features, per architecture.
+
+The paper's Table 2 architectures read different features:
+  - `encoder_decoder`, `encoder_decoder_shared`: seqio `EncDecFeatureConverter` (encoder inputs,
+    decoder targets shifted right, segment ids and positions when packed);
+  - `prefix_lm`: seqio `PrefixLMFeatureConverter` concatenates inputs and targets into one decoder
+    sequence, with `decoder_causal_attention` marking the fully visible input prefix;
+  - `decoder_only`: the same concatenation under a plain causal mask (no
+    `decoder_causal_attention`), `CausalConcatFeatureConverter` below;
+  - a targets-only task (language modeling) on either decoder-only architecture: seqio
+    `LMFeatureConverter`.
+Packing is greedy and order-preserving: an example joins the current row only if all of its
+features fit.
+
+Worked example (T5_SPEC section 5), encoder-decoder, packed, lengths inputs 10 / targets 7:
+  inputs [7,8,5,1], [8,4,9,3,1]; targets [3,9,1], [4,1] ->
+  encoder_input_tokens  [7,8,5,1,8,4,9,3,1,0]   encoder_segment_ids [1,1,1,1,2,2,2,2,2,0]
+  encoder_positions     [0,1,2,3,0,1,2,3,4,0]
+  decoder_target_tokens [3,9,1,4,1,0,0]         decoder_input_tokens [0,3,9,0,4,0,0]
+  decoder_loss_weights  [1,1,1,1,1,0,0]         decoder_segment_ids [1,1,1,2,2,0,0]
+  decoder_positions     [0,1,2,0,1,0,0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import seqio
+import tensorflow as tf
+
+ARCHITECTURES = ("encoder_decoder", "encoder_decoder_shared", "decoder_only", "prefix_lm")
+
+
+class CausalConcatFeatureConverter(seqio.PrefixLMFeatureConverter):
+    """Inputs and targets as one causally masked decoder sequence (the paper's "LM" row).
+
+    Identical to seqio's prefix-LM conversion except that no `decoder_causal_attention` feature
+    is produced, so the model applies its causal mask everywhere. By default the loss covers the
+    targets only, as in the prefix LM.
+    """
+
+    MODEL_FEATURES = {
+        name: spec
+        for name, spec in seqio.PrefixLMFeatureConverter.MODEL_FEATURES.items()
+        if name != "decoder_causal_attention"
+    }
+
+    def _convert_example(self, features: Mapping[str, tf.Tensor]) -> Mapping[str, tf.Tensor]:
+        converted = dict(super()._convert_example(features))
+        del converted["decoder_causal_attention"]
+        return converted
+
+    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Mapping[str, int]:
+        lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
+        del lengths["decoder_causal_attention"]
+        return lengths
+
+
+def feature_converter(
+    architecture: str,
+    *,
+    has_inputs: bool = True,
+    pack: bool = True,
+    loss_on_targets_only: bool = True,
+) -> seqio.FeatureConverter:
+    """The feature converter for `architecture` on a task with or without an `inputs` feature.
+
+    Args:
+      architecture: one of ARCHITECTURES.
+      has_inputs: whether the task has `inputs` (False for a targets-only LM task).
+      pack: pack several examples per row (training) or pad each one (evaluation).
+      loss_on_targets_only: for decoder-only architectures on an inputs/targets task, whether the
+        loss skips the input part of the concatenated sequence.
+
+    Raises:
+      ValueError: for an unknown architecture, or an encoder-decoder with no inputs.
+    """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"Unknown architecture {architecture!r}; expected one of {ARCHITECTURES}.")
+    if architecture.startswith("encoder_decoder"):
+        if not has_inputs:
+            raise ValueError(
+                f"Architecture {architecture!r} needs tasks with an 'inputs' feature; this task has "
+                "only 'targets'. Use a denoising or prefix objective, or a decoder-only architecture."
+            )
+        return seqio.EncDecFeatureConverter(pack=pack)
+    if not has_inputs:
+        return seqio.LMFeatureConverter(pack=pack)
+    if architecture == "prefix_lm":
+        return seqio.PrefixLMFeatureConverter(loss_on_targets_only=loss_on_targets_only, pack=pack)
+    return CausalConcatFeatureConverter(loss_on_targets_only=loss_on_targets_only, pack=pack)
+
+
+def task_has_inputs(provider: seqio.Task | seqio.Mixture) -> bool:
+    """Whether a task (or every task of a mixture) has an `inputs` output feature."""
+    return "inputs" in provider.output_features
+
+
+def model_feature_lengths(
+    converter: seqio.FeatureConverter, task_feature_lengths: Mapping[str, int]
+) -> dict[str, int]:
+    """The length of each model feature the converter emits (e.g. 512/114 -> encoder 512, decoder 114)."""
+    return dict(converter.get_model_feature_lengths(task_feature_lengths))

@@ -1,0 +1,165 @@
+"""The per-host input pipeline: task or mixture -> feature conversion -> batches of numpy arrays.
+
+Each host reads its own shard of the data (`seqio.ShardInfo(index, num_shards)`), so a global
+batch of B rows is assembled from B / num_shards rows per host. The pipeline is deterministic
+given a seed, and its position can be saved and restored exactly with tf.data's iterator
+checkpointing (`tf.train.Checkpoint(iterator=...)`), which records the state of every stage
+(shuffle buffers, mixture sampling, packing, prefetch), so a resumed run sees exactly the
+batches an uninterrupted run would have. TensorFlow is kept off the accelerators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import seqio
+
+from t2t.data import features, registry, tf_setup
+
+_CHECKPOINT_NAME = "data_iterator"
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """What to read and how to batch it.
+
+    Attributes:
+      mixture_or_task: a registered task or mixture name.
+      task_feature_lengths: lengths of the task features, e.g. {"inputs": 512, "targets": 114}.
+      global_batch_size: rows per step over all hosts (split evenly between them).
+      architecture: one of `features.ARCHITECTURES`; picks the feature converter.
+      split: the data split.
+      seed: seeds shuffling, mixture sampling and random preprocessors (None: nondeterministic).
+      shuffle: shuffle the data (training).
+      num_epochs: passes over the data; None repeats forever (training).
+      pack: pack several examples per row.
+      use_cached: read the seqio cache of the tasks instead of preprocessing on the fly.
+      shard_index: this host's index (`jax.process_index()`).
+      num_shards: number of hosts reading disjoint shards (`jax.process_count()`).
+    """
+
+    mixture_or_task: str
+    task_feature_lengths: Mapping[str, int]
+    global_batch_size: int
+    architecture: str = "encoder_decoder"
+    split: str = "train"
+    seed: int | None = 0
+    shuffle: bool = True
+    num_epochs: int | None = None
+    pack: bool = True
+    use_cached: bool = False
+    shard_index: int = 0
+    num_shards: int = 1
+
+    def __post_init__(self):
+        if not 0 <= self.shard_index < self.num_shards:
+            raise ValueError(
+                f"shard_index must be in [0, num_shards={self.num_shards}), got {self.shard_index}."
+            )
+        if self.global_batch_size <= 0 or self.global_batch_size % self.num_shards:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be a positive multiple of the "
+                f"number of shards ({self.num_shards}) so every host reads the same number of rows."
+            )
+
+    @property
+    def per_host_batch_size(self) -> int:
+        return self.global_batch_size // self.num_shards
+
+
+def build_dataset(config: PipelineConfig):
+    """The batched `tf.data.Dataset` of model features for this host.
+
+    Returns:
+      a dataset of dicts of int32 tensors shaped [per_host_batch_size, length]; the last partial
+      batch is dropped when the data repeats forever and kept otherwise.
+    """
+    tf_setup.hide_accelerators_from_tensorflow()
+    import tensorflow as tf
+
+    provider = registry.get_task_or_mixture(config.mixture_or_task)
+    lengths = _lengths_for(provider, config.task_feature_lengths)
+    converter = features.feature_converter(
+        config.architecture, has_inputs=features.task_has_inputs(provider), pack=config.pack
+    )
+    dataset = seqio.get_dataset(
+        mixture_or_task_name=provider,
+        task_feature_lengths=lengths,
+        dataset_split=config.split,
+        shuffle=config.shuffle,
+        num_epochs=config.num_epochs,
+        feature_converter=converter,
+        shard_info=seqio.ShardInfo(config.shard_index, config.num_shards),
+        use_cached=config.use_cached,
+        seed=config.seed,
+    )
+    options = tf.data.Options()
+    options.deterministic = True
+    dataset = dataset.with_options(options)
+    dataset = dataset.batch(config.per_host_batch_size, drop_remainder=config.num_epochs is None)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _lengths_for(provider, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+    """The lengths of the features `provider` has (a targets-only task ignores an inputs length)."""
+    missing = sorted(set(provider.output_features) - set(task_feature_lengths))
+    if missing:
+        raise ValueError(
+            f"{provider.name!r} has features {sorted(provider.output_features)} but "
+            f"task_feature_lengths {dict(task_feature_lengths)} gives no length for {missing}."
+        )
+    return {k: v for k, v in task_feature_lengths.items() if k in provider.output_features}
+
+
+class InputPipeline:
+    """An iterator of numpy batches whose position can be saved and restored.
+
+    Example:
+      pipeline = InputPipeline(PipelineConfig("builtin_span_corruption", {"inputs": 128,
+                               "targets": 32}, global_batch_size=8))
+      batch = next(pipeline)          # {"encoder_input_tokens": int32 [8, 128], ...}
+      pipeline.save(checkpoint_dir)   # after step n
+      resumed = InputPipeline(same_config); resumed.restore(checkpoint_dir)
+      next(resumed)                   # == the batch an uninterrupted run reads at step n + 1
+    """
+
+    def __init__(self, config: PipelineConfig):
+        import tensorflow as tf
+
+        self.config = config
+        self.dataset = build_dataset(config)
+        self._iterator = iter(self.dataset)
+        self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._iterator)
+        return {name: value.numpy() for name, value in batch.items()}
+
+    @property
+    def element_spec(self) -> dict:
+        return self.dataset.element_spec
+
+    def save(self, directory: str) -> str:
+        """Writes the iterator state under `directory`; returns the checkpoint prefix."""
+        os.makedirs(directory, exist_ok=True)
+        return self._checkpoint.write(os.path.join(directory, _CHECKPOINT_NAME))
+
+    def restore(self, directory: str) -> None:
+        """Moves this (fresh) pipeline to the position saved by `save(directory)`.
+
+        Raises:
+          ValueError: when `directory` holds no saved data iterator.
+        """
+        prefix = os.path.join(directory, _CHECKPOINT_NAME)
+        if not os.path.exists(prefix + ".index"):
+            raise ValueError(
+                f"No data iterator state in {directory!r} (expected {prefix}.index, written by "
+                "InputPipeline.save). Restore from the directory given to save()."
+            )
+        self._checkpoint.read(prefix).assert_consumed()

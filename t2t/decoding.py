@@ -1,0 +1,466 @@
+"""Autoregressive decoding: greedy, temperature sampling (top-k, top-p) and beam search.
+
+Decoding is independent of the network. Every function takes a `tokens_to_logits(tokens [B, 1],
+cache) -> (logits [B, V], cache)` callable and its initial cache, and runs one
+`jax.lax.while_loop` that writes into preallocated `[B, T]` (or `[B, K, T]`) buffers and stops
+early once every sequence has ended. Call the functions under `jax.jit`; they have no Python side
+effects.
+
+Cache contract: the cache is a pytree whose every leaf has the batch dimension first. Beam search
+expands a cache to `B * K` rows by repeating each row K times, and reorders it by gathering
+along axis 0, knowing nothing else about it.
+
+Token conventions (T5_SPEC section 1): decoding starts from token 0 (PAD doubles as the decoder
+start token), EOS is 1, and positions after a sequence's EOS hold 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PAD_ID = 0
+EOS_ID = 1
+# NOTE: a finite "minus infinity" for masked logits and empty beam slots, so sums and softmax
+# stay finite (no inf - inf = nan).
+NEG_INF = -1.0e7
+
+Cache = Any
+TokensToLogits = Callable[[jax.Array, Cache], tuple[jax.Array, Cache]]
+
+
+def cache_batch_size(cache: Cache) -> int:
+    """The batch size B shared by every leaf of a cache (the leading dimension)."""
+    leaves = jax.tree_util.tree_leaves(cache)
+    if not leaves:
+        raise ValueError("Expected a cache with at least one array leaf, got an empty pytree.")
+    sizes = {leaf.shape[0] if np.ndim(leaf) else None for leaf in leaves}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            "Expected every cache leaf to have the batch dimension first (one shared leading "
+            f"size), got leading sizes {sorted(map(str, sizes))}. See the cache contract in "
+            "t2t/decoding.py."
+        )
+    return sizes.pop()
+
+
+def _start_tokens(start_tokens: jax.Array | None, batch_size: int) -> jax.Array:
+    if start_tokens is None:
+        return jnp.full((batch_size,), PAD_ID, jnp.int32)
+    start_tokens = jnp.asarray(start_tokens, jnp.int32)
+    if start_tokens.shape != (batch_size,):
+        raise ValueError(
+            f"Expected start_tokens of shape [B] = ({batch_size},) to match the cache, got "
+            f"{start_tokens.shape}."
+        )
+    return start_tokens
+
+
+def _suppress_eos(logits: jax.Array, suppress: jax.Array, eos_id: int) -> jax.Array:
+    """Sets the EOS logit to NEG_INF where `suppress` (scalar or [B]) holds."""
+    is_eos = jnp.arange(logits.shape[-1]) == eos_id  # [V]
+    return jnp.where(jnp.logical_and(jnp.expand_dims(suppress, -1), is_eos), NEG_INF, logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy decoding and sampling share one loop; they differ in how a token is chosen.
+
+
+class _SamplingState(NamedTuple):
+    step: jax.Array  # [] int32: index of the position written next.
+    tokens: jax.Array  # [B] int32: the token fed to the model at this step.
+    sequences: jax.Array  # [B, T] int32: the output buffer.
+    done: jax.Array  # [B] bool: the row has produced EOS.
+    cache: Cache
+
+
+def _validate_lengths(max_decode_length: int, min_length: int) -> None:
+    if max_decode_length < 1:
+        raise ValueError(f"Expected max_decode_length >= 1, got {max_decode_length}.")
+    if not 0 <= min_length <= max_decode_length:
+        raise ValueError(
+            f"Expected 0 <= min_length <= max_decode_length ({max_decode_length}), got "
+            f"{min_length}."
+        )
+
+
+def _prompt_arrays(
+    prompt: jax.Array | None, prompt_lengths: jax.Array | None, batch_size: int, length: int
+) -> tuple[jax.Array, jax.Array]:
+    if prompt is None:
+        return jnp.zeros((batch_size, length), jnp.int32), jnp.zeros((batch_size,), jnp.int32)
+    prompt = jnp.asarray(prompt, jnp.int32)
+    if prompt.shape != (batch_size, length) or prompt_lengths is None:
+        raise ValueError(
+            f"Expected prompt of shape [B, T] = ({batch_size}, {length}) together with "
+            f"prompt_lengths [B], got prompt {prompt.shape} and prompt_lengths {prompt_lengths}."
+        )
+    return prompt, jnp.asarray(prompt_lengths, jnp.int32)
+
+
+def _decode_loop(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    choose: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    max_decode_length: int,
+    eos_id: int,
+    min_length: int,
+    start_tokens: jax.Array | None,
+    prompt: jax.Array | None,
+    prompt_lengths: jax.Array | None,
+) -> jax.Array:
+    """Runs `choose(logits [B, V], step) -> tokens [B]` until EOS or the length limit."""
+    _validate_lengths(max_decode_length, min_length)
+    batch_size = cache_batch_size(cache)
+    prompt, prompt_lengths = _prompt_arrays(prompt, prompt_lengths, batch_size, max_decode_length)
+
+    def cond(state: _SamplingState) -> jax.Array:
+        return jnp.logical_and(state.step < max_decode_length, ~jnp.all(state.done))
+
+    def body(state: _SamplingState) -> _SamplingState:
+        logits, cache = tokens_to_logits(state.tokens[:, None], state.cache)  # [B, V]
+        logits = _suppress_eos(logits, state.step < min_length, eos_id)
+        chosen = choose(logits.astype(jnp.float32), state.step)
+        forced = state.step < prompt_lengths  # [B]
+        token = jnp.where(forced, prompt[:, state.step], chosen)
+        token = jnp.where(state.done, PAD_ID, token).astype(jnp.int32)
+        sequences = jax.lax.dynamic_update_slice(state.sequences, token[:, None], (0, state.step))
+        done = state.done | (~forced & (token == eos_id))
+        return _SamplingState(state.step + 1, token, sequences, done, cache)
+
+    initial = _SamplingState(
+        step=jnp.array(0, jnp.int32),
+        tokens=_start_tokens(start_tokens, batch_size),
+        sequences=jnp.zeros((batch_size, max_decode_length), jnp.int32),
+        done=jnp.zeros((batch_size,), bool),
+        cache=cache,
+    )
+    return jax.lax.while_loop(cond, body, initial).sequences
+
+
+def greedy(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    *,
+    max_decode_length: int,
+    eos_id: int = EOS_ID,
+    min_length: int = 0,
+    start_tokens: jax.Array | None = None,
+    prompt: jax.Array | None = None,
+    prompt_lengths: jax.Array | None = None,
+) -> jax.Array:
+    """Greedy decoding: the most likely token at every step.
+
+    Args:
+      tokens_to_logits: `(tokens [B, 1], cache) -> (logits [B, V], cache)`.
+      cache: the initial cache (every leaf `[B, ...]`).
+      max_decode_length: T, the number of positions decoded at most.
+      eos_id: the token that ends a sequence.
+      min_length: EOS is suppressed at positions `< min_length` (forces that many tokens).
+      start_tokens: [B] the first token fed to the model; default PAD (the T5 start token).
+      prompt: optional [B, T] tokens forced at positions `< prompt_lengths` (decoder-only models
+        fed their prompt one step at a time); they are copied into the output.
+      prompt_lengths: [B] number of forced prompt positions per row.
+
+    Returns:
+      [B, T] int32 tokens; each row ends at its EOS, zeros after.
+    """
+    return _decode_loop(
+        tokens_to_logits, cache, lambda logits, step: jnp.argmax(logits, axis=-1),
+        max_decode_length=max_decode_length, eos_id=eos_id, min_length=min_length,
+        start_tokens=start_tokens, prompt=prompt, prompt_lengths=prompt_lengths,
+    )
+
+
+def top_k_filter(logits: jax.Array, k: int) -> jax.Array:
+    """Keeps the k largest logits of each row (ties at the k-th value kept), NEG_INF elsewhere.
+
+    Example: logits [1, 3, 2, 0] with k = 2 -> [NEG_INF, 3, 2, NEG_INF].
+    """
+    kth_largest = jax.lax.top_k(logits, k)[0][..., -1:]  # [B, 1]
+    return jnp.where(logits < kth_largest, NEG_INF, logits)
+
+
+def top_p_filter(logits: jax.Array, p: float) -> jax.Array:
+    """Nucleus filter: keeps the smallest set of most likely tokens whose mass is >= p.
+
+    Example: probabilities [0.1, 0.5, 0.3, 0.1] with p = 0.7 keep tokens 1 and 2 (0.5 + 0.3 >=
+    0.7, while 0.5 alone is not); p = 0.85 adds both 0.1 tokens (ties at the smallest kept
+    probability are all kept).
+    """
+    sorted_logits = -jnp.sort(-logits, axis=-1)  # [B, V], descending
+    sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # [B, V]
+    # The first token is always kept; a token is kept while the mass before it is < p.
+    kept = jnp.logical_or(mass_before < p, jnp.arange(logits.shape[-1]) == 0)
+    threshold = jnp.min(jnp.where(kept, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits < threshold, NEG_INF, logits)
+
+
+def _validate_sampling(temperature: float, top_k: int, top_p: float, vocab: int | None) -> None:
+    if temperature < 0:
+        raise ValueError(f"Expected temperature >= 0 (0 means greedy), got {temperature}.")
+    if top_k < 0 or (vocab is not None and top_k > vocab):
+        raise ValueError(f"Expected 0 <= top_k <= vocab size (0 disables it), got {top_k}.")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"Expected 0 < top_p <= 1 (1 disables it), got {top_p}.")
+
+
+def sample(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    rng: jax.Array,
+    *,
+    max_decode_length: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int = EOS_ID,
+    min_length: int = 0,
+    start_tokens: jax.Array | None = None,
+    prompt: jax.Array | None = None,
+    prompt_lengths: jax.Array | None = None,
+) -> jax.Array:
+    """Temperature sampling, optionally restricted to the top-k tokens and/or the top-p nucleus.
+
+    Logits are divided by the temperature, then filtered by top-k, then by top-p. Temperature 0
+    is greedy decoding. Step t draws with `jax.random.fold_in(rng, t)`, so the same rng gives the
+    same output.
+
+    Args:
+      tokens_to_logits, cache, max_decode_length, eos_id, min_length, start_tokens, prompt,
+        prompt_lengths: as for `greedy`.
+      rng: a PRNG key.
+      temperature: softmax temperature (> 0), or 0 for argmax.
+      top_k: sample among the k most likely tokens; 0 disables the filter.
+      top_p: sample among the smallest set of tokens with mass >= top_p; 1 disables it.
+
+    Returns:
+      [B, T] int32 tokens; each row ends at its EOS, zeros after.
+    """
+    _validate_sampling(temperature, top_k, top_p, None)
+
+    def choose(logits: jax.Array, step: jax.Array) -> jax.Array:
+        if temperature == 0:
+            return jnp.argmax(logits, axis=-1)
+        logits = logits / temperature
+        if top_k:
+            _validate_sampling(temperature, top_k, top_p, logits.shape[-1])
+            logits = top_k_filter(logits, top_k)
+        if top_p < 1:
+            logits = top_p_filter(logits, top_p)
+        return jax.random.categorical(jax.random.fold_in(rng, step), logits, axis=-1)
+
+    return _decode_loop(
+        tokens_to_logits, cache, choose,
+        max_decode_length=max_decode_length, eos_id=eos_id, min_length=min_length,
+        start_tokens=start_tokens, prompt=prompt, prompt_lengths=prompt_lengths,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search.
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+    """GNMT length penalty ((5 + length) / 6) ** alpha; beam scores are log_prob / penalty."""
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def expand_cache(cache: Cache, beam_size: int) -> Cache:
+    """Repeats each batch row of every leaf K times: [B, ...] -> [B * K, ...] (row b*K + k)."""
+    return jax.tree_util.tree_map(lambda leaf: jnp.repeat(leaf, beam_size, axis=0), cache)
+
+
+def _reorder_cache(old: Cache, new: Cache, rows: jax.Array) -> Cache:
+    """Gathers the rows [B * K] of every leaf of `new`.
+
+    NOTE: a leaf that `tokens_to_logits` returned unchanged (the same traced array, e.g. the
+    cross-attention keys and values) is left as is: every beam of a batch entry holds the same
+    copy since `expand_cache`, and beams are only reordered within their batch entry, so the
+    gather would be the identity. Skipping it saves most of the memory traffic of beam search.
+    """
+    return jax.tree_util.tree_map(
+        lambda before, after: after if after is before else jnp.take(after, rows, axis=0),
+        old, new,
+    )
+
+
+class _BeamState(NamedTuple):
+    step: jax.Array  # [] int32: index of the position written next.
+    alive_tokens: jax.Array  # [B, K] int32: the token each live beam feeds next.
+    alive_seqs: jax.Array  # [B, K, T] int32
+    alive_log_probs: jax.Array  # [B, K] float32: sum of log-probs; NEG_INF for empty slots.
+    finished_seqs: jax.Array  # [B, K, T] int32
+    finished_scores: jax.Array  # [B, K] float32: length-penalized; NEG_INF for empty slots.
+    cache: Cache  # leaves [B * K, ...]
+
+
+def _take_beams(values: jax.Array, indices: jax.Array) -> jax.Array:
+    """Gathers along the beam axis: values [B, M, ...], indices [B, K] -> [B, K, ...]."""
+    indices = indices.reshape(indices.shape + (1,) * (values.ndim - 2))
+    return jnp.take_along_axis(values, indices, axis=1)
+
+
+def _beam_done(state: _BeamState, alpha: float, max_decode_length: int) -> jax.Array:
+    """[B] True where no live beam can still beat the worst of the K finished ones.
+
+    NOTE: log-probs only fall as a beam grows and the penalty grows with length (alpha >= 0), so
+    a live beam's best possible final score is its log-prob divided by the largest penalty.
+    """
+    best_alive = jnp.max(state.alive_log_probs, axis=1) / length_penalty(max_decode_length, alpha)
+    worst_finished = jnp.min(state.finished_scores, axis=1)
+    return best_alive <= worst_finished
+
+
+def _beam_step(
+    state: _BeamState,
+    tokens_to_logits: TokensToLogits,
+    *,
+    alpha: float,
+    max_decode_length: int,
+    eos_id: int,
+    min_length: int,
+) -> _BeamState:
+    """One step of beam search: expand every live beam by every token, keep the best."""
+    batch_size, beam_size = state.alive_log_probs.shape
+    logits, cache = tokens_to_logits(state.alive_tokens.reshape(-1, 1), state.cache)
+    logits = _suppress_eos(logits.astype(jnp.float32), state.step < min_length, eos_id)
+    vocab = logits.shape[-1]
+    if vocab < 2 * beam_size:
+        raise ValueError(f"Expected a vocabulary of at least 2K = {2 * beam_size}, got {vocab}.")
+    log_probs = jax.nn.log_softmax(logits).reshape(batch_size, beam_size, vocab)  # [B, K, V]
+    candidates = (state.alive_log_probs[..., None] + log_probs).reshape(batch_size, -1)
+
+    # NOTE: 2K candidates guarantee K that do not end in EOS, to keep K beams alive.
+    top_log_probs, top_indices = jax.lax.top_k(candidates, 2 * beam_size)  # [B, 2K]
+    parents, tokens = top_indices // vocab, top_indices % vocab  # [B, 2K]
+    seqs = _take_beams(state.alive_seqs, parents)  # [B, 2K, T]
+    seqs = jax.lax.dynamic_update_slice(seqs, tokens[..., None], (0, 0, state.step))
+
+    # Live beams: the best K candidates that did not end.
+    ended = tokens == eos_id
+    alive_log_probs, keep = jax.lax.top_k(jnp.where(ended, NEG_INF, top_log_probs), beam_size)
+    rows = (jnp.arange(batch_size)[:, None] * beam_size + _take_beams(parents, keep)).reshape(-1)
+
+    # Finished beams: the best K among those finished before and the candidates ending now (by
+    # EOS, or by reaching the length limit). NOTE: only the K best candidates may finish, as if
+    # the K best were selected and those ending moved aside; so width 1 with alpha 0 is greedy.
+    ended = jnp.logical_or(ended, state.step == max_decode_length - 1)
+    ended = jnp.logical_and(ended, jnp.arange(2 * beam_size) < beam_size)
+    scores = top_log_probs / length_penalty(state.step + 1, alpha)
+    scores = jnp.where(jnp.logical_and(ended, top_log_probs > NEG_INF / 2), scores, NEG_INF)
+    finished_scores, pick = jax.lax.top_k(
+        jnp.concatenate([state.finished_scores, scores], axis=1), beam_size
+    )
+    finished_seqs = _take_beams(jnp.concatenate([state.finished_seqs, seqs], axis=1), pick)
+
+    return _BeamState(
+        step=state.step + 1,
+        alive_tokens=_take_beams(tokens, keep),
+        alive_seqs=_take_beams(seqs, keep),
+        alive_log_probs=alive_log_probs,
+        finished_seqs=finished_seqs,
+        finished_scores=finished_scores,
+        cache=_reorder_cache(state.cache, cache, rows),
+    )
+
+
+def beam_search(
+    tokens_to_logits: TokensToLogits,
+    cache: Cache,
+    *,
+    beam_size: int,
+    max_decode_length: int,
+    alpha: float = 0.6,
+    eos_id: int = EOS_ID,
+    min_length: int = 0,
+    start_tokens: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Beam search with the GNMT length penalty (T5_SPEC section 8).
+
+    A finished sequence of n tokens (its EOS included) with log-probability lp scores
+    `lp / ((5 + n) / 6) ** alpha`. Beams that reach `max_decode_length` without EOS finish there.
+    The search stops for all rows when no live beam of any row can still beat that row's K-th
+    best finished beam.
+
+    Args:
+      tokens_to_logits: `(tokens [B * K, 1], cache) -> (logits [B * K, V], cache)`.
+      cache: the initial cache with leaves `[B, ...]`; it is expanded to `[B * K, ...]` here.
+      beam_size: K.
+      max_decode_length: T.
+      alpha: length penalty exponent (>= 0); 0 ranks by log-probability alone.
+      eos_id: the token that ends a sequence.
+      min_length: EOS is suppressed at positions `< min_length`.
+      start_tokens: [B] the first token fed to the model; default PAD.
+
+    Returns:
+      sequences [B, K, T] int32 (zeros after EOS) and scores [B, K] float32, best first.
+    """
+    _validate_lengths(max_decode_length, min_length)
+    if beam_size < 1 or alpha < 0:
+        raise ValueError(f"Expected beam_size >= 1 and alpha >= 0, got {beam_size}, {alpha}.")
+    batch_size = cache_batch_size(cache)
+    start = _start_tokens(start_tokens, batch_size)
+    empty = jnp.full((batch_size, beam_size), NEG_INF, jnp.float32)
+    initial = _BeamState(
+        step=jnp.array(0, jnp.int32),
+        alive_tokens=jnp.repeat(start[:, None], beam_size, axis=1),
+        alive_seqs=jnp.zeros((batch_size, beam_size, max_decode_length), jnp.int32),
+        # Only the first copy of each row is live at first, so the K beams differ from step 1.
+        alive_log_probs=empty.at[:, 0].set(0.0),
+        finished_seqs=jnp.zeros((batch_size, beam_size, max_decode_length), jnp.int32),
+        finished_scores=empty,
+        cache=expand_cache(cache, beam_size),
+    )
+
+    def cond(state: _BeamState) -> jax.Array:
+        not_done = ~jnp.all(_beam_done(state, alpha, max_decode_length))
+        return jnp.logical_and(state.step < max_decode_length, not_done)
+
+    def body(state: _BeamState) -> _BeamState:
+        return _beam_step(
+            state, tokens_to_logits, alpha=alpha, max_decode_length=max_decode_length,
+            eos_id=eos_id, min_length=min_length,
+        )
+
+    final = jax.lax.while_loop(cond, body, initial)
+    return final.finished_seqs, final.finished_scores
+
+
+# ---------------------------------------------------------------------------------------------
+# Ensembles (paper section 3.6).
+
+
+def ensemble_tokens_to_logits(fns: Sequence[TokensToLogits]) -> TokensToLogits:
+    """Combines N models into one `tokens_to_logits` whose logits are the mean of theirs.
+
+    The ensemble's cache is the tuple of the N caches (every leaf still batch-first, so beam
+    search expands and reorders it like any cache). The paper ensembles by averaging logits
+    before the softmax.
+
+    Args:
+      fns: the N models' `tokens_to_logits`.
+
+    Returns:
+      `(tokens [B, 1], (cache_1, ..., cache_N)) -> (mean logits [B, V], (new caches))`.
+    """
+    fns = tuple(fns)
+    if not fns:
+        raise ValueError("Expected at least one tokens_to_logits to ensemble, got none.")
+
+    def tokens_to_logits(tokens: jax.Array, caches: tuple[Cache, ...]) -> tuple[jax.Array, Any]:
+        if not isinstance(caches, tuple) or len(caches) != len(fns):
+            raise ValueError(
+                f"Expected the ensemble cache to be a tuple of {len(fns)} caches, one per model, "
+                f"got {type(caches).__name__} of length {len(caches)}."
+            )
+        outputs = [fn(tokens, cache) for fn, cache in zip(fns, caches)]
+        logits = jnp.mean(jnp.stack([o[0].astype(jnp.float32) for o in outputs]), axis=0)
+        return logits, tuple(o[1] for o in outputs)
+
+    return tokens_to_logits

@@ -1,0 +1,89 @@
+"""The built-in corpus: cleaning examples, split discipline, cache atomicity, no side effects."""
+
+import os
+import sys
+
+import pytest
+
+from t2t.data.builtin import cache, cleaning, sources
+
+
+def _lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_paragraphs_drop_code_and_markup():
+    # Same numbers as the `paragraphs` docstring.
+    text = "Return the sum.\n\n    >>> add(1, 2)\n    3\n\nSee :func:`sum` and ``math.fsum``."
+    assert cleaning.paragraphs(text) == ["Return the sum.", "See sum and math.fsum."]
+    grammar = "Prose first.\n\n   assignment_stmt ::= (target_list \"=\")+ (expression)\n"
+    assert cleaning.paragraphs(grammar) == ["Prose first."]
+    bullets = "Rules:\n\n   * The first rule\n     continues here.\n"
+    assert cleaning.paragraphs(bullets) == ["Rules:", "The first rule continues here."]
+
+
+def test_summary_example():
+    body = "Both arguments must be numbers; the result has the type that the usual arithmetic rules give them."
+    docstring = sources.Docstring("m", "add", f"Return the sum of a and b.\n\n{body}")
+    assert cleaning.summary_example(docstring) == (body, "Return the sum of a and b.")
+    assert cleaning.summary_example(sources.Docstring("m", "f", "No body here.")) is None
+
+
+def test_corpus_numbers_are_consistent(builtin_corpus):
+    stats = builtin_corpus.stats
+    train, validation = (_lines(builtin_corpus.corpus_path(s)) for s in ("train", "validation"))
+    assert stats["corpus_train"]["documents"] == len(train) > 4000
+    assert stats["corpus_validation"]["documents"] == len(validation)
+    assert 0.06 < len(validation) / (len(train) + len(validation)) < 0.14
+    assert stats["corpus_train"]["words"] == sum(len(d.split()) for d in train) > 150_000
+    assert stats["corpus_train"]["tokens"] > stats["corpus_train"]["words"]
+    documents = train + validation
+    assert len(set(documents)) == len(documents), "documents are deduplicated"
+    assert all(len(d.split()) >= cleaning.MIN_DOCUMENT_WORDS for d in documents)
+    assert not [d for d in documents if ">>>" in d or "  " in d or "\t" in d]
+
+
+def test_supervised_examples_follow_their_documents_split(builtin_corpus):
+    validation_text = " ".join(_lines(builtin_corpus.corpus_path("validation")))
+    rows = _lines(builtin_corpus.summarize_path("validation"))
+    assert len(rows) == builtin_corpus.stats["summarize_validation"]["examples"] > 50
+    for row in rows:
+        body, summary = row.split("\t")
+        assert f"{summary} {body}" in validation_text  # never seen in pretraining's train split
+    labels = builtin_corpus.stats["package_labels"]
+    assert len(labels) >= 10
+    for split in cache.SPLITS:
+        package_rows = [row.split("\t") for row in _lines(builtin_corpus.package_path(split))]
+        assert {label for _, label in package_rows} <= set(labels)
+        assert all(cleaning.split_of(text) == split for text, _ in package_rows)
+
+
+def test_reading_sources_imports_nothing_with_side_effects(builtin_corpus):
+    del builtin_corpus  # built in this process: the stdlib walk has run
+    for module in ("tkinter", "turtle", "antigravity", "idlelib", "smtpd", "asyncio.windows_events"):
+        assert module not in sys.modules
+
+
+def test_cache_is_reused_without_rebuilding(builtin_corpus, monkeypatch):
+    monkeypatch.setattr(cache, "_build_into", lambda *a: pytest.fail("rebuilt an existing cache"))
+    root = os.path.dirname(os.path.dirname(builtin_corpus.directory))
+    assert cache.get_or_build(root).directory == builtin_corpus.directory
+
+
+def test_crash_leaves_no_partial_cache(tmp_path, monkeypatch):
+    def crash(documents, path, **kwargs):
+        raise KeyboardInterrupt  # the process dies while training the vocabulary
+
+    monkeypatch.setattr(cache.vocab, "train_sentencepiece", crash)
+    monkeypatch.setattr(cache.sources, "stdlib_docstrings", lambda: iter([]))  # quicker
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_build(str(tmp_path))
+    assert os.listdir(tmp_path / "builtin") == []  # neither the target nor a staging dir
+
+
+def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("T2T_CACHE_DIR", str(tmp_path))
+    assert cache.corpus_directory().startswith(str(tmp_path))
+    with pytest.raises(ValueError, match="splits"):
+        cache.BuiltinCorpus("x").corpus_path("test")

@@ -1,0 +1,246 @@
+"""Decoding on stub `tokens_to_logits` with known answers: greedy, sampling filters, beam search
+(length penalty changing the winner, rows finishing at different steps), ensembles."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t2t import decoding
+
+PAD, EOS, A, B = 0, 1, 2, 3
+TINY = 1e-6  # probability of the tokens a hand-made table does not mention
+
+
+def _table(rows):
+    """rows: per batch row, {last_token: {next_token: prob}} -> log-prob table [R, V, V]."""
+    vocab = 4
+    table = np.full((len(rows), vocab, vocab), TINY)
+    for r, transitions in enumerate(rows):
+        for last, nexts in transitions.items():
+            for token, prob in nexts.items():
+                table[r, last, token] = prob
+    table /= table.sum(-1, keepdims=True)
+    return np.log(table).astype(np.float32)
+
+
+def _markov(table, calls=None):
+    """A Markov stub: next-token log-probs depend on the batch row and the last token only."""
+    table = jnp.asarray(table)
+
+    def count(step):
+        calls.append(int(step))
+
+    def tokens_to_logits(tokens, cache):
+        if calls is not None:
+            jax.debug.callback(count, cache["index"][0])
+        logits = table[cache["row"], tokens[:, 0]]  # [B, V]
+        return logits, {"row": cache["row"], "index": cache["index"] + 1}
+
+    return tokens_to_logits
+
+
+def _cache(batch_size):
+    return {"row": jnp.arange(batch_size), "index": jnp.zeros(batch_size, jnp.int32)}
+
+
+# Row 0: EOS first (0.45) or "A" (0.55) and then EOS (0.8). Greedy takes A EOS; ranked by
+# log-probability alone [EOS] wins (log .45 = -0.799 > log .55 + log .8 = -0.821); the GNMT
+# penalty with alpha = 1 divides by 1 and 7/6 and makes A EOS win (-0.704 > -0.799).
+# Row 1: A, B, EOS with probability 0.9 each: it finishes two steps after row 0.
+ROWS = [
+    {PAD: {EOS: 0.45, A: 0.55}, A: {EOS: 0.8, A: 0.2}, B: {EOS: 1.0}},
+    {PAD: {A: 0.9, B: 0.1}, A: {B: 0.9, A: 0.1}, B: {EOS: 0.9, A: 0.1}},
+]
+
+
+def test_greedy_rows_end_at_their_own_eos_and_loop_stops():
+    calls = []
+    out = decoding.greedy(_markov(_table(ROWS), calls), _cache(2), max_decode_length=6)
+    jax.effects_barrier()
+    np.testing.assert_array_equal(out, [[A, EOS, 0, 0, 0, 0], [A, B, EOS, 0, 0, 0]])
+    assert len(calls) == 3  # Stopped once both rows had ended, not after 6 steps.
+
+
+def test_greedy_min_length_suppresses_eos():
+    out = decoding.greedy(_markov(_table(ROWS)), _cache(2), max_decode_length=4, min_length=4)
+    assert not np.any(np.asarray(out) == EOS)
+    assert np.all(np.asarray(out) != PAD)
+
+
+def test_greedy_forces_prompt_tokens():
+    prompt = jnp.array([[B, A, 0, 0, 0], [0, 0, 0, 0, 0]])
+    out = decoding.greedy(
+        _markov(_table(ROWS)), _cache(2), max_decode_length=5, prompt=prompt,
+        prompt_lengths=jnp.array([2, 0]),
+    )
+    # Row 0 continues from "B A" with A's best next token, EOS.
+    np.testing.assert_array_equal(out, [[B, A, EOS, 0, 0], [A, B, EOS, 0, 0]])
+
+
+def test_beam_search_length_penalty_changes_the_winner():
+    table = _table(ROWS)
+    seqs, scores = decoding.beam_search(
+        _markov(table), _cache(2), beam_size=2, max_decode_length=5, alpha=0.0
+    )
+    np.testing.assert_array_equal(seqs[0, 0], [EOS, 0, 0, 0, 0])
+    np.testing.assert_array_equal(seqs[0, 1], [A, EOS, 0, 0, 0])
+    np.testing.assert_allclose(scores[0], [math.log(0.45), math.log(0.55 * 0.8)], atol=1e-4)
+
+    seqs, scores = decoding.beam_search(
+        _markov(table), _cache(2), beam_size=2, max_decode_length=5, alpha=1.0
+    )
+    np.testing.assert_array_equal(seqs[0, 0], [A, EOS, 0, 0, 0])
+    np.testing.assert_allclose(
+        scores[0], [math.log(0.55 * 0.8) / (7 / 6), math.log(0.45)], atol=1e-4
+    )
+    # Row 1 finishes two steps later: A B EOS scores 3 log 0.9 / ((5 + 3) / 6).
+    np.testing.assert_array_equal(seqs[1, 0], [A, B, EOS, 0, 0])
+    assert scores[1, 0] == pytest.approx(3 * math.log(0.9) / (8 / 6), abs=1e-4)
+
+
+def test_beam_search_rows_finishing_at_different_steps_default_alpha():
+    calls = []
+    seqs, scores = decoding.beam_search(
+        _markov(_table(ROWS), calls), _cache(2), beam_size=2, max_decode_length=20
+    )
+    jax.effects_barrier()
+    np.testing.assert_array_equal(seqs[0, 0, :3], [A, EOS, 0])
+    np.testing.assert_array_equal(seqs[1, 0, :4], [A, B, EOS, 0])
+    assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)  # Best first.
+    assert len(calls) < 20  # Stopped before the length limit.
+
+
+def test_beam_search_unfinished_beams_end_at_the_length_limit():
+    seqs, scores = decoding.beam_search(
+        _markov(_table(ROWS)), _cache(2), beam_size=2, max_decode_length=2, alpha=0.6
+    )
+    np.testing.assert_array_equal(seqs[1, 0], [A, B])  # No EOS within 2 tokens.
+    assert scores[1, 0] == pytest.approx(2 * math.log(0.9) / (7 / 6) ** 0.6, abs=1e-4)
+
+
+def _random_tokens_to_logits(seed, vocab=16, batch_size=3):
+    """A stub whose logits depend on the whole prefix (a hash of it kept in the cache)."""
+    weights = jax.random.normal(jax.random.PRNGKey(seed), (vocab, vocab)) * 3.0
+
+    def tokens_to_logits(tokens, cache):
+        state = 0.5 * cache["state"] + weights[tokens[:, 0]]  # [B, V]
+        return state, {"state": state}
+
+    return tokens_to_logits, {"state": jnp.zeros((batch_size, vocab))}
+
+
+def test_beam_width_one_alpha_zero_is_greedy():
+    for seed in range(3):
+        fn, cache = _random_tokens_to_logits(seed)
+        greedy = decoding.greedy(fn, cache, max_decode_length=10)
+        seqs, _ = decoding.beam_search(fn, cache, beam_size=1, max_decode_length=10, alpha=0.0)
+        np.testing.assert_array_equal(seqs[:, 0], greedy)
+
+
+def test_beam_scores_are_sequence_log_probs():
+    fn, cache = _random_tokens_to_logits(7)
+    seqs, scores = decoding.beam_search(fn, cache, beam_size=3, max_decode_length=6, alpha=0.6)
+    # Teacher-force each returned sequence through the stub and sum its log-probs.
+    for k in range(3):
+        tokens = np.asarray(seqs[:, k])
+        state, total, lengths = cache, np.zeros(3), np.zeros(3)
+        previous = np.zeros(3, np.int32)
+        alive = np.ones(3, bool)
+        for t in range(6):
+            logits, state = fn(jnp.asarray(previous)[:, None], state)
+            log_probs = np.asarray(jax.nn.log_softmax(logits))
+            total += np.where(alive, log_probs[np.arange(3), tokens[:, t]], 0.0)
+            lengths += alive
+            alive &= tokens[:, t] != EOS
+            previous = tokens[:, t]
+        expected = total / ((5 + lengths) / 6) ** 0.6
+        np.testing.assert_allclose(scores[:, k], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_top_k_filter_example():
+    out = decoding.top_k_filter(jnp.array([[1.0, 3.0, 2.0, 0.0]]), 2)
+    np.testing.assert_array_equal(out, [[decoding.NEG_INF, 3.0, 2.0, decoding.NEG_INF]])
+
+
+@pytest.mark.parametrize(
+    "p, kept",
+    [(0.4, [1]), (0.7, [1, 2]), (0.799, [1, 2]), (0.85, [0, 1, 2, 3]), (1.0, [0, 1, 2, 3])],
+)
+def test_top_p_keeps_smallest_set_with_mass_at_least_p(p, kept):
+    logits = jnp.log(jnp.array([[0.1, 0.5, 0.3, 0.1]]))
+    out = np.asarray(decoding.top_p_filter(logits, p))[0]
+    np.testing.assert_array_equal(np.flatnonzero(out > decoding.NEG_INF / 2), kept)
+
+
+def _one_step_stub(probs, batch_size):
+    logits = jnp.log(jnp.asarray(probs, jnp.float32))
+
+    def tokens_to_logits(tokens, cache):
+        return jnp.broadcast_to(logits, (tokens.shape[0], logits.shape[0])), cache
+
+    return tokens_to_logits, {"unused": jnp.zeros((batch_size,))}
+
+
+def test_sampling_with_top_p_draws_from_the_nucleus_in_proportion():
+    fn, cache = _one_step_stub([0.1, 0.5, 0.3, 0.1], 4000)
+    out = np.asarray(decoding.sample(
+        fn, cache, jax.random.PRNGKey(0), max_decode_length=1, top_p=0.7
+    ))[:, 0]
+    assert set(np.unique(out)) == {1, 2}
+    assert np.mean(out == 1) == pytest.approx(0.5 / 0.8, abs=0.03)
+
+
+def test_sampling_with_top_k_and_temperature():
+    fn, cache = _one_step_stub([0.1, 0.5, 0.3, 0.1], 4000)
+    out = np.asarray(decoding.sample(
+        fn, cache, jax.random.PRNGKey(1), max_decode_length=1, top_k=2, temperature=2.0
+    ))[:, 0]
+    assert set(np.unique(out)) == {1, 2}
+    # Temperature 2 turns probabilities into their square roots before renormalizing.
+    expected = math.sqrt(0.5) / (math.sqrt(0.5) + math.sqrt(0.3))
+    assert np.mean(out == 1) == pytest.approx(expected, abs=0.03)
+
+
+def test_sampling_limits_equal_greedy_and_rng_determines_output():
+    fn, cache = _random_tokens_to_logits(3, batch_size=8)
+    greedy = decoding.greedy(fn, cache, max_decode_length=10)
+    rng = jax.random.PRNGKey(5)
+    for kwargs in ({"temperature": 0.0}, {"temperature": 1e-4}, {"top_k": 1}):
+        out = decoding.sample(fn, cache, rng, max_decode_length=10, **kwargs)
+        np.testing.assert_array_equal(out, greedy, err_msg=str(kwargs))
+    first = decoding.sample(fn, cache, rng, max_decode_length=10)
+    np.testing.assert_array_equal(first, decoding.sample(fn, cache, rng, max_decode_length=10))
+    other = decoding.sample(fn, cache, jax.random.PRNGKey(6), max_decode_length=10)
+    assert not np.array_equal(first, other)
+
+
+def test_ensemble_averages_logits_before_softmax():
+    # Mean logits (a geometric mean of probabilities) pick B: sqrt(.01 * .9) > sqrt(.98 * .001);
+    # averaging the probabilities instead would pick A: (.98 + .001) / 2 > (.01 + .9) / 2.
+    first = jnp.log(jnp.array([0.005, 0.005, 0.98, 0.01]))
+    second = jnp.log(jnp.array([0.0495, 0.0495, 0.001, 0.9]))
+
+    def constant(logits):
+        return lambda tokens, cache: (jnp.broadcast_to(logits, (tokens.shape[0], 4)), cache)
+
+    fn = decoding.ensemble_tokens_to_logits([constant(first), constant(second)])
+    caches = ({"a": jnp.zeros((2,))}, {"b": jnp.zeros((2, 3))})
+    logits, new = fn(jnp.zeros((2, 1), jnp.int32), caches)
+    np.testing.assert_allclose(logits[0], (first + second) / 2)
+    assert isinstance(new, tuple) and len(new) == 2
+    np.testing.assert_array_equal(decoding.greedy(fn, caches, max_decode_length=1), [[B], [B]])
+    seqs, _ = decoding.beam_search(fn, caches, beam_size=2, max_decode_length=1, alpha=0.0)
+    np.testing.assert_array_equal(seqs[:, 0, 0], [B, B])
+
+
+def test_clear_errors():
+    fn, cache = _random_tokens_to_logits(0)
+    with pytest.raises(ValueError, match="batch dimension first"):
+        decoding.greedy(fn, {"a": jnp.zeros((2,)), "b": jnp.zeros((3,))}, max_decode_length=2)
+    with pytest.raises(ValueError, match="top_p"):
+        decoding.sample(fn, cache, jax.random.PRNGKey(0), max_decode_length=2, top_p=0.0)
+    with pytest.raises(ValueError, match="at least 2K"):
+        decoding.beam_search(fn, cache, beam_size=9, max_decode_length=2)
