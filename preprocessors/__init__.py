@@ -12,7 +12,9 @@ its output. Nothing here imports `t2t`.
 - `objectives`: the paper's Table 3 objectives, composed from the above.
 - `tokenization`: a batched drop-in for `seqio.preprocessors.tokenize`.
 - `classification`, `superglue`, `text_tasks`: task text formats (paper Appendix D) on TFDS records.
-- `postprocessors`: decoded text back to labels and numbers, never raising.
+- `postprocessors`: decoded text back to labels and numbers, never raising. The generic two are
+  exported here; the task-specific ones (`multirc`, `record`, `qa`, `wsc_simple`) stay in
+  `preprocessors.postprocessors`, since `record` and `wsc_simple` here name the text formats.
 """
 
 from preprocessors.chunking import (
@@ -23,8 +25,6 @@ from preprocessors.chunking import (
     split_tokens_to_targets_length,
 )
 from preprocessors.classification import CLASSIFICATION_FORMATS, glue, stsb, text_preprocessor
-from preprocessors.superglue import dpr_simple, record, wsc_simple
-from preprocessors.text_tasks import squad, summarize, translate
 from preprocessors.corruption import (
     drop_noise_tokens,
     drop_nonnoise_tokens,
@@ -53,4 +53,7 @@ from preprocessors.objectives import (
     prefix_lm,
     span_corruption,
 )
+from preprocessors.postprocessors import string_label_to_class_id, string_to_float
+from preprocessors.superglue import dpr_simple, record, wsc_simple
+from preprocessors.text_tasks import squad, summarize, translate
 from preprocessors.tokenization import tokenize

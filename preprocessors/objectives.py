@@ -7,8 +7,11 @@ corruption of inputs and targets. The steps run on ragged batches (see `batching
 dataset boundary is per example.
 
 Objectives do not append EOS: a task follows them with `seqio.preprocessors.append_eos_after_trim`,
-and lengths here leave one token of room for it. The paper's example, "Thank you for inviting me
-to your party last week .":
+and lengths here leave one token of room for it. Their token features carry a ragged rank-0 type
+spec (see `batching.unbatch_sequences`): inside a seqio Task nothing changes, but a bare
+`padded_batch` on an objective's output needs a `map` first.
+
+The paper's example, "Thank you for inviting me to your party last week .":
 
 | objective | inputs | targets |
 |---|---|---|

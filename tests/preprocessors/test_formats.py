@@ -92,6 +92,36 @@ def test_stsb_rounds_to_the_nearest_fifth():
     assert out["inputs"] == b"stsb sentence1: A cat. sentence2: A dog." and out["targets"] == b"3.2"
 
 
+def _first(dataset):
+    return {k: _plain(v) for k, v in next(iter(dataset.as_numpy_iterator())).items()}
+
+
+def test_docstring_examples_of_the_formats():
+    qqp = _records([{"question1": "Why?", "question2": "How?", "label": 1, "idx": 10}])
+    assert _first(preprocessors.text_preprocessor("glue/qqp")(qqp)) == {
+        "inputs": "qqp question1: Why? question2: How?", "targets": "duplicate", "idx": 10
+    }
+    record = _records([{
+        "passage": "The passage.", "query": "A @placeholder is a bird.",
+        "entities": ["penguin", "potato"], "answers": ["penguin"], "idx": {"passage": 0, "query": 1},
+    }])
+    assert _first(preprocessors.record(record)) == {
+        "inputs": "record query: A @placeholder is a bird. entities: penguin, potato passage: "
+                  "The passage.",
+        "targets": "penguin", "answers": ["penguin"], "idx/passage": 0, "idx/query": 1,
+    }
+    squad = _records([{"id": "q1", "question": "Who?", "context": "Ann (a cat).",
+                       "answers": {"text": ["Ann"], "answer_start": [0]}}])
+    assert _first(preprocessors.squad(squad)) == {
+        "inputs": "question: Who ? context: Ann ( a cat ) . ", "targets": "Ann", "id": "q1",
+        "question": "Who ? ", "context": "Ann ( a cat ) . ", "answers": ["Ann"],
+    }
+    cnn = _records([{"article": "Long text.", "highlights": "Short."}])
+    assert _first(preprocessors.summarize(cnn)) == {"inputs": "summarize: Long text.", "targets": "Short."}
+    padded = preprocessors.text_tasks.pad_punctuation(tf.constant("Hyperbaric (high-pressure) medicine."))
+    assert padded.numpy().decode() == "Hyperbaric ( high - pressure ) medicine . "
+
+
 def test_wsc_simple_marks_the_nearest_pronoun_when_the_index_is_off():
     records = _records(
         [{"text": "Some day they might want to use it , really.", "span1_index": 0,
