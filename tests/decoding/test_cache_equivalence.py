@@ -11,10 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from t2t import decoding, models
-from t2t import nn as t2t_nn
+from t2t import decoding
 
 DECODE_LENGTH = 12
 
@@ -65,66 +63,3 @@ def test_encoder_decoder_cached_equals_uncached(hf_t5, padded_inputs, method):
     cached, uncached = both(params)
     np.testing.assert_array_equal(cached, uncached)
     assert len(np.unique(np.asarray(cached))) > 5  # Not a degenerate repeated token.
-
-
-def _redraw(params, seed):
-    """Fan-in scaled normal weights (random init decodes a single repeated token)."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-    new = [
-        jax.random.normal(k, x.shape) * (x.shape[0] ** -0.5 if x.ndim == 2 else 1.0) * 2.0
-        if x.ndim == 2 else x
-        for k, x in zip(keys, leaves)
-    ]
-    return jax.tree_util.tree_unflatten(treedef, new)
-
-
-@pytest.fixture(scope="module", params=["decoder_only", "prefix_lm"])
-def decoder_only(request):
-    config = t2t_nn.get_preset(
-        "tiny", architecture=request.param, num_encoder_layers=0, vocab_size=64, d_model=32,
-        d_ff=64, d_kv=8, num_heads=4, num_decoder_layers=2,
-    )
-    model = models.DecoderOnlyModel(config)
-    return model, _redraw(model.init_params(jax.random.PRNGKey(0)), seed=1)
-
-
-def _prompt_batch(prompt_lengths, width):
-    """seqio PrefixLM-style inference features: [0, x_1..x_P, 0...] and P + 1 visible."""
-    rng = np.random.default_rng(0)
-    tokens = np.zeros((len(prompt_lengths), width), np.int32)
-    causal = np.zeros_like(tokens)
-    for row, length in enumerate(prompt_lengths):
-        tokens[row, 1 : length + 1] = rng.integers(2, 64, length)
-        causal[row, : length + 1] = 1
-    return {"decoder_input_tokens": jnp.asarray(tokens),
-            "decoder_causal_attention": jnp.asarray(causal)}
-
-
-def test_decoder_only_prefilled_cache_equals_uncached(decoder_only):
-    model, params = decoder_only
-    batch = _prompt_batch([3, 7, 1, 5], width=8)
-    lengths = jnp.array([3, 7, 1, 5])
-    width = 8 + DECODE_LENGTH
-
-    def full_logits(buffer, cache):
-        causal = None
-        if model.is_prefix_lm:
-            causal = (jnp.arange(width)[None] <= cache["prompt_lengths"][:, None]).astype(jnp.int32)
-        return model.module(params)(buffer, decoder_causal_attention=causal)
-
-    @jax.jit
-    def both(params):
-        cached = model.predict_batch(params, batch, max_decode_length=DECODE_LENGTH)
-        buffer = jnp.pad(batch["decoder_input_tokens"], ((0, 0), (0, DECODE_LENGTH)))
-        cache = {"tokens": buffer, "index": lengths, "prompt_lengths": lengths}
-        start = jnp.take_along_axis(buffer, lengths[:, None], axis=1)[:, 0]
-        uncached = decoding.greedy(
-            _uncached_step(full_logits), cache, max_decode_length=DECODE_LENGTH,
-            start_tokens=start,
-        )
-        return cached, uncached
-
-    cached, uncached = both(params)
-    np.testing.assert_array_equal(cached, uncached)
-    assert len(np.unique(np.asarray(cached))) > 5
