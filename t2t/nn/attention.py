@@ -21,7 +21,7 @@ from t2t.nn.config import TransformerConfig
 class MultiHeadAttention(nnx.Module):
     """T5 attention: no biases on q/k/v/o and no 1/sqrt(H) scaling of the logits."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: layers.Keys):
         self.num_heads = config.num_heads
         self.d_kv = config.d_kv
         self.dtype = config.compute_dtype

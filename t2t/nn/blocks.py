@@ -20,7 +20,7 @@ KV = tuple[jax.Array, jax.Array]
 class EncoderLayer(nnx.Module):
     """Bidirectional self-attention then MLP, each a pre-norm residual branch."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: layers.Keys):
         self.dropout_rate = config.dropout_rate
         self.pre_attention_layer_norm = layers.RMSNorm(config, rngs=rngs)
         self.attention = attention.MultiHeadAttention(config, rngs=rngs)
@@ -45,7 +45,7 @@ class DecoderLayer(nnx.Module):
         *,
         cross_attention: bool,
         shares_encoder_layer: bool = False,
-        rngs: nnx.Rngs,
+        rngs: layers.Keys,
     ):
         self.dropout_rate = config.dropout_rate
         self.has_cross_attention = cross_attention

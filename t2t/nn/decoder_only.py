@@ -31,6 +31,7 @@ class DecoderOnly(nnx.Module):
                 f"{config.architecture!r}; use EncoderDecoder (or t2t.nn.build) instead."
             )
         self.config = config
+        rngs = layers.param_keys(rngs)
         self.token_embedder = layers.Embed(config, rngs=rngs)
         self.decoder = stacks.Decoder(config, cross_attention=False, rngs=rngs)
 

@@ -34,6 +34,7 @@ class EncoderDecoder(nnx.Module):
                 f"{config.architecture!r}; use DecoderOnly (or t2t.nn.build) instead."
             )
         self.config = config
+        rngs = layers.param_keys(rngs)
         self.token_embedder = layers.Embed(config, rngs=rngs)
         self.encoder = stacks.Encoder(config, rngs=rngs)
         self.decoder = stacks.Decoder(config, cross_attention=True, rngs=rngs)

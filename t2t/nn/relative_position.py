@@ -68,7 +68,7 @@ def relative_position_bucket(
 class RelativePositionBias(nnx.Module):
     """The bias table `rel_embedding` [N, R] of one stack."""
 
-    def __init__(self, config: TransformerConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, bidirectional: bool, rngs: layers.Keys):
         self.bidirectional = bidirectional
         self.num_buckets = config.relative_attention_num_buckets
         self.max_distance = config.relative_attention_max_distance

@@ -27,7 +27,7 @@ def _layers(module: nnx.Module, count: int) -> list:
 class Encoder(nnx.Module):
     """Bidirectional stack: `layers_{i}`, `relpos_bias`, `encoder_norm`."""
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, rngs: layers.Keys):
         self.num_layers = config.num_encoder_layers
         self.dropout_rate = config.dropout_rate
         self.relpos_bias = RelativePositionBias(config, bidirectional=True, rngs=rngs)
@@ -56,7 +56,7 @@ class Encoder(nnx.Module):
 class Decoder(nnx.Module):
     """Causal stack: `layers_{i}`, `relpos_bias`, `decoder_norm`, and `logits_dense` (untied)."""
 
-    def __init__(self, config: TransformerConfig, *, cross_attention: bool, rngs: nnx.Rngs):
+    def __init__(self, config: TransformerConfig, *, cross_attention: bool, rngs: layers.Keys):
         self.num_layers = config.num_decoder_layers
         self.dropout_rate = config.dropout_rate
         self.logits_via_embedding = config.logits_via_embedding

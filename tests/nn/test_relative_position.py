@@ -1,0 +1,47 @@
+"""The relative position bucket function: T5_SPEC check values and HF transformers on a grid."""
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from t2t.nn.relative_position import relative_position_bucket
+
+
+def buckets(relative, bidirectional, num_buckets=32, max_distance=128):
+    return np.asarray(relative_position_bucket(
+        np.asarray(relative), bidirectional=bidirectional, num_buckets=num_buckets,
+        max_distance=max_distance))
+
+
+def test_bidirectional_small_distances_get_their_own_bucket():
+    # relative = key_pos - query_pos: keys before the query in [0, 16), after in [16, 32).
+    assert buckets([0, -1, -7, 1, 7], True).tolist() == [0, 1, 7, 17, 23]
+
+
+def test_bidirectional_saturates_at_91():
+    assert buckets([-90, -91, -500], True).tolist() == [14, 15, 15]
+    assert buckets([90, 91, 500], True).tolist() == [30, 31, 31]
+
+
+def test_bidirectional_never_uses_bucket_16():
+    used = set(buckets(np.arange(-1000, 1001), True).tolist())
+    assert 16 not in used
+    assert used == set(range(32)) - {16}
+
+
+def test_causal_saturates_at_113_and_future_is_bucket_0():
+    assert buckets([0, -5, -15, -16], False).tolist() == [0, 5, 15, 16]
+    assert buckets([-112, -113, -10_000], False).tolist() == [30, 31, 31]
+    assert buckets([1, 50, 1000], False).tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 20), (64, 256)])
+def test_equals_hf_on_a_grid(bidirectional, num_buckets, max_distance):
+    relative = np.arange(-700, 701)[:, None] + np.arange(0, 9)[None, :] * 37
+    ours = buckets(relative, bidirectional, num_buckets, max_distance)
+    theirs = T5Attention._relative_position_bucket(
+        torch.tensor(relative), bidirectional=bidirectional, num_buckets=num_buckets,
+        max_distance=max_distance).numpy()
+    np.testing.assert_array_equal(ours, theirs)
