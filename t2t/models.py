@@ -23,7 +23,7 @@ import numpy as np
 import seqio
 from flax import nnx
 
-from t2t import decoding
+from t2t import decoding, losses
 from t2t import nn as t2t_nn
 
 Batch = Mapping[str, jax.Array]
@@ -121,11 +121,10 @@ class BaseModel:
 
         Returns:
           The scalar loss (normalized by `loss_normalizing_factor`) and metrics: those of
-          `t2t.losses.compute_weighted_loss`, plus `token_accuracy` (fraction of weighted target
-          tokens whose argmax is right) and `num_target_tokens`.
+          `t2t.losses.compute_weighted_loss` (`z_loss`, `cross_ent_loss`, `weight_sum`,
+          `loss_normalizing_factor`) plus `token_accuracy`, the fraction of weighted target
+          tokens whose argmax is right.
         """
-        from t2t import losses  # TODO(decode): top-level import once t2t.losses lands.
-
         _require(batch, ("decoder_target_tokens", "decoder_loss_weights"), "loss_fn")
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
         logits = self._logits(params, batch, rngs)
@@ -134,12 +133,11 @@ class BaseModel:
             logits, targets, weights, z_loss=self.z_loss,
             loss_normalizing_factor=self.loss_normalizing_factor,
         )
-        weights = weights.astype(jnp.float32)
-        num_tokens = jnp.sum(weights)
         correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
         metrics = dict(aux)
-        metrics["token_accuracy"] = jnp.sum(correct * weights) / jnp.maximum(num_tokens, 1.0)
-        metrics["num_target_tokens"] = num_tokens
+        metrics["token_accuracy"] = jnp.sum(correct * weights.astype(jnp.float32)) / jnp.maximum(
+            aux["weight_sum"], 1.0
+        )
         return loss, metrics
 
     # -- scoring -----------------------------------------------------------------------------
