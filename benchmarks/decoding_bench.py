@@ -3,8 +3,10 @@
 T5-small (the paper's v1.0 layout, random init in HF, imported into t2t with the HF importer so
 both decode the same weights) decodes 16 inputs of 128 tokens into exactly 64 output tokens
 (EOS suppressed until then), greedily and with beam search of width 4. Both use float32 and the
-KV cache; torch runs with 2 threads. Reported: output tokens per second (16 x 64 tokens over the
-median wall time of the timed runs) and the t2t / HF ratio; t2t's compile time separately.
+KV cache; torch runs with 2 threads. HF and t2t runs alternate, so a change in machine load hits
+both. Reported: output tokens per second (16 x 64 tokens over the best wall time of the timed
+runs), the t2t / HF throughput ratio of the best and of the median times, and t2t's compile time
+(not included in the throughput).
 
     python benchmarks/decoding_bench.py [--repeats 3] [--batch 16] [--input-length 128]
 """
@@ -43,16 +45,8 @@ def t5_small_pair(seed: int = 0):
     return torch_model, models.EncoderDecoderModel(t2t_config), params
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def bench_hf(torch_model, inputs: np.ndarray, new_tokens: int, beams: int, repeats: int):
+def hf_runner(torch_model, inputs: np.ndarray, new_tokens: int, beams: int):
+    """A function that runs HF generate once (forced to exactly `new_tokens` tokens)."""
     ids = torch.tensor(inputs, dtype=torch.long)
     mask = torch.ones_like(ids)
 
@@ -63,30 +57,40 @@ def bench_hf(torch_model, inputs: np.ndarray, new_tokens: int, beams: int, repea
                 max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             )
         assert out.shape == (inputs.shape[0], new_tokens + 1), out.shape
-        return out
 
-    run()  # Warm-up.
-    return _median_time(run, repeats)
+    return run
 
 
-def bench_t2t(model, params, inputs: np.ndarray, new_tokens: int, beams: int, repeats: int):
+def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int):
+    """(a function that runs t2t decoding once, its compile time in seconds)."""
     method = "greedy" if beams == 1 else "beam"
     predict = jax.jit(functools.partial(
         model.predict_batch, method=method, beam_size=beams, max_decode_length=new_tokens,
         min_length=new_tokens,
     ))
     batch = {"encoder_input_tokens": jnp.asarray(inputs)}
+    start = time.perf_counter()
+    compiled = predict.lower(params, batch).compile()
+    compile_s = time.perf_counter() - start
 
     def run():
-        out = predict(params, batch).block_until_ready()
+        out = compiled(params, batch).block_until_ready()
         assert out.shape == (inputs.shape[0], new_tokens) and not np.any(np.asarray(out) == 1)
-        return out
 
-    start = time.perf_counter()
-    predict.lower(params, batch).compile()
-    compile_s = time.perf_counter() - start
-    run()  # Warm-up (first execution).
-    return _median_time(run, repeats), compile_s
+    return run, compile_s
+
+
+def interleaved_times(runners: dict, repeats: int) -> dict[str, list[float]]:
+    """Wall times of each runner, alternating between them so load changes hit both alike."""
+    for run in runners.values():
+        run()  # Warm-up.
+    times = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def main() -> None:
@@ -94,7 +98,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--input-length", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -108,12 +112,17 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
           f"{torch.__version__} ({args.threads} threads), devices {jax.devices()}")
     print(f"{args.batch} inputs x {args.input_length} tokens -> {args.new_tokens} tokens each")
-    print(f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'t2t compile s':>14}")
+    print(f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'median ratio':>13} "
+          f"{'t2t compile s':>14}")
     for name, beams in (("greedy", 1), ("beam-4", 4)):
-        hf_s = bench_hf(torch_model, inputs, args.new_tokens, beams, args.repeats)
-        t2t_s, compile_s = bench_t2t(model, params, inputs, args.new_tokens, beams, args.repeats)
-        print(f"{name:<8} {output_tokens / hf_s:>9.1f} {output_tokens / t2t_s:>10.1f} "
-              f"{hf_s / t2t_s:>5.2f}x {compile_s:>14.1f}")
+        t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams)
+        runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run}
+        times = interleaved_times(runners, args.repeats)
+        best = {k: min(v) for k, v in times.items()}
+        median = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{name:<8} {output_tokens / best['hf']:>9.1f} {output_tokens / best['t2t']:>10.1f} "
+              f"{best['hf'] / best['t2t']:>5.2f}x {median['hf'] / median['t2t']:>12.2f}x "
+              f"{compile_s:>14.1f}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
