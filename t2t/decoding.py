@@ -316,21 +316,69 @@ def expand_cache(cache: Cache, beam_size: int) -> Cache:
     return jax.tree_util.tree_map(lambda leaf: jnp.repeat(leaf, beam_size, axis=0), cache)
 
 
-def _reorder_cache(old: Cache, new: Cache, rows: jax.Array) -> Cache:
-    """Gathers the rows [B * K] of every leaf of `new`.
+def _slots_keeping_parents(parents: jax.Array) -> jax.Array:
+    """Assigns the K new beams of each row to cache slots so that few slots must be rewritten.
+
+    The first child of a parent takes over its parent's slot (whose cache is already right);
+    the other children take, in order, the slots of parents that left no child.
+
+    Example: parents [2, 2, 0, 2] (slots 1 and 3 left no child) -> slots [2, 1, 0, 3].
+
+    Args:
+      parents: [B, K] the parent slot of each new beam.
+
+    Returns:
+      [B, K] the slot of each new beam (a permutation of 0..K-1 per row).
+    """
+    beam_size = parents.shape[1]
+    same_parent = parents[:, :, None] == parents[:, None, :]  # [B, K, K]
+    earlier = jnp.tril(jnp.ones((beam_size, beam_size), bool), -1)
+    is_first = ~jnp.any(same_parent & earlier, axis=2)  # [B, K]
+    has_child = jnp.any(parents[:, :, None] == jnp.arange(beam_size), axis=1)  # [B, K] slots
+    free_slots = jnp.argsort(has_child, axis=1, stable=True)  # childless slots first
+    extra_rank = jnp.maximum(jnp.cumsum(~is_first, axis=1) - 1, 0)
+    return jnp.where(is_first, parents, jnp.take_along_axis(free_slots, extra_rank, axis=1))
+
+
+def _copy_cache_rows(old: Cache, new: Cache, sources: jax.Array) -> Cache:
+    """Rewrites each slot whose beam descends from another slot: row b*K+k <- row b*K+sources.
+
+    Sources are slots kept by their own first child (see `_slots_keeping_parents`), so they are
+    never overwritten and the copies may run in place, in any order. Only the rows that change
+    are copied (typically a fifth of them), instead of gathering the whole cache every step.
 
     NOTE: a leaf that `tokens_to_logits` returned unchanged (the same traced array, e.g. the
     cross-attention keys and values) is left as is: every beam of a batch entry holds the same
-    copy since `expand_cache`, and beams are only reordered within their batch entry, so the
-    gather would be the identity. Skipping it saves most of the memory traffic of beam search.
+    copy since `expand_cache`, and beams only move within their batch entry.
+
+    Args:
+      old: the cache given to `tokens_to_logits` (to recognize unchanged leaves).
+      new: the cache it returned, leaves [B * K, ...].
+      sources: [B, K] the slot each slot's beam continues.
     """
-    # NOTE: `rows` are in bounds by construction; promising it spares a bounds check per element.
-    return jax.tree_util.tree_map(
-        lambda before, after: (
-            after if after is before else after.at[rows].get(mode="promise_in_bounds")
-        ),
-        old, new,
-    )
+    batch_size, beam_size = sources.shape
+    targets = jnp.arange(batch_size * beam_size)
+    origins = (jnp.arange(batch_size)[:, None] * beam_size + sources).reshape(-1)
+    moves = origins != targets
+    order = jnp.argsort(~moves, stable=True)  # the rows to rewrite first
+    targets, origins = targets[order], origins[order]
+
+    old_leaves = jax.tree_util.tree_leaves(old)
+    new_leaves, treedef = jax.tree_util.tree_flatten(new)
+    changed = [i for i, leaf in enumerate(new_leaves) if leaf is not old_leaves[i]]
+
+    def copy_row(i, leaves):
+        return [
+            jax.lax.dynamic_update_index_in_dim(
+                leaf, jax.lax.dynamic_index_in_dim(leaf, origins[i], 0), targets[i], 0
+            )
+            for leaf in leaves
+        ]
+
+    copied = jax.lax.fori_loop(0, jnp.sum(moves), copy_row, [new_leaves[i] for i in changed])
+    for i, leaf in zip(changed, copied):
+        new_leaves[i] = leaf
+    return jax.tree_util.tree_unflatten(treedef, new_leaves)
 
 
 class _BeamState(NamedTuple):
@@ -390,10 +438,12 @@ def _beam_step(
     seqs = _take_beams(state.alive_seqs, parents)  # [B, 2K, T]
     seqs = jax.lax.dynamic_update_slice(seqs, tokens[..., None], (0, 0, state.step))
 
-    # Live beams: the best K candidates that did not end.
+    # Live beams: the best K candidates that did not end, placed in slots near their parents.
     ended = tokens == eos_id
-    alive_log_probs, keep = jax.lax.top_k(jnp.where(ended, NEG_INF, top_log_probs), beam_size)
-    rows = (jnp.arange(batch_size)[:, None] * beam_size + _take_beams(parents, keep)).reshape(-1)
+    alive_candidates = jnp.where(ended, NEG_INF, top_log_probs)  # [B, 2K]
+    _, keep = jax.lax.top_k(alive_candidates, beam_size)  # [B, K]
+    slots = _slots_keeping_parents(_take_beams(parents, keep))
+    keep = _take_beams(keep, jnp.argsort(slots, axis=1))  # [B, K] the candidate in each slot
 
     # Finished beams: the best K among those finished before and the candidates ending now (by
     # EOS, or by reaching the length limit). NOTE: only the K best candidates may finish, as if
@@ -411,10 +461,10 @@ def _beam_step(
         step=state.step + 1,
         alive_tokens=_take_beams(tokens, keep),
         alive_seqs=_take_beams(seqs, keep),
-        alive_log_probs=alive_log_probs,
+        alive_log_probs=_take_beams(alive_candidates, keep),
         finished_seqs=finished_seqs,
         finished_scores=finished_scores,
-        cache=_reorder_cache(state.cache, cache, rows),
+        cache=_copy_cache_rows(state.cache, cache, _take_beams(parents, keep)),
     )
 
 

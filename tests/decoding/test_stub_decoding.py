@@ -258,3 +258,8 @@ def test_chunked_top_k_equals_lax_top_k_with_ties(vocab, k):
     np.testing.assert_array_equal(values, expected_values)
     np.testing.assert_array_equal(indices, expected_indices)
     np.testing.assert_array_equal(indices[:, 0], np.argmax(x, axis=1))
+
+
+def test_beam_slots_keep_parents_docstring_example():
+    slots = decoding._slots_keeping_parents(jnp.array([[2, 2, 0, 2], [0, 1, 2, 3], [3, 3, 3, 3]]))
+    np.testing.assert_array_equal(slots, [[2, 1, 0, 3], [0, 1, 2, 3], [3, 0, 1, 2]])
