@@ -244,3 +244,22 @@ def test_clear_errors():
         decoding.sample(fn, cache, jax.random.PRNGKey(0), max_decode_length=2, top_p=0.0)
     with pytest.raises(ValueError, match="at least 2K"):
         decoding.beam_search(fn, cache, beam_size=9, max_decode_length=2)
+
+
+@pytest.mark.parametrize("vocab, k", [(32128, 1), (32128, 8), (5000, 3)])
+def test_chunked_top_k_equals_lax_top_k_with_ties(vocab, k):
+    rng = np.random.default_rng(vocab + k)
+    x = rng.integers(-3, 3, (6, vocab)).astype(np.float32)  # Many ties at the maximum.
+    x[1] = rng.normal(size=vocab)
+    x[2, -1] = 10.0  # The maximum in the last (padded) chunk.
+    x[3, :] = 2.0
+    values, indices = jax.jit(decoding.chunked_top_k, static_argnums=1)(jnp.asarray(x), k)
+    expected_values, expected_indices = jax.lax.top_k(jnp.asarray(x), k)
+    np.testing.assert_array_equal(values, expected_values)
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_array_equal(indices[:, 0], np.argmax(x, axis=1))
+
+
+def test_beam_slots_keep_parents_docstring_example():
+    slots = decoding._slots_keeping_parents(jnp.array([[2, 2, 0, 2], [0, 1, 2, 3], [3, 3, 3, 3]]))
+    np.testing.assert_array_equal(slots, [[2, 1, 0, 3], [0, 1, 2, 3], [3, 0, 1, 2]])

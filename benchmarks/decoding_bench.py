@@ -1,0 +1,130 @@
+"""Decoding speed of t2t against HF transformers `generate`, side by side on the same CPU.
+
+T5-small (the paper's v1.0 layout, random init in HF, imported into t2t with the HF importer so
+both decode the same weights) decodes 16 inputs of 128 tokens into exactly 64 output tokens
+(EOS suppressed until then), greedily and with beam search of width 4. Both use float32 and the
+KV cache; torch runs with 2 threads. HF and t2t runs alternate, so a change in machine load hits
+both. Reported: output tokens per second (16 x 64 tokens over the best wall time of the timed
+runs), the t2t / HF throughput ratio of the best and of the median times, and t2t's compile time
+(not included in the throughput).
+
+    python benchmarks/decoding_bench.py [--repeats 3] [--batch 16] [--input-length 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from transformers import T5Config, T5ForConditionalGeneration
+
+from t2t import models
+from t2t.checkpoints import hf
+
+
+def t5_small_pair(seed: int = 0):
+    """HF T5-small with random weights, and the t2t model and params with the same weights."""
+    torch.manual_seed(seed)
+    config = T5Config(  # T5-small, v1.0 (T5_SPEC section 1).
+        vocab_size=32128, d_model=512, d_ff=2048, d_kv=64, num_heads=8, num_layers=6,
+        feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    torch_model = T5ForConditionalGeneration(config).eval()
+    tensors = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+    t2t_config = hf.config_from_hf(config.to_dict())
+    params = hf.params_from_hf(tensors, t2t_config)
+    params = jax.device_put(params)
+    return torch_model, models.EncoderDecoderModel(t2t_config), params
+
+
+def hf_runner(torch_model, inputs: np.ndarray, new_tokens: int, beams: int):
+    """A function that runs HF generate once (forced to exactly `new_tokens` tokens)."""
+    ids = torch.tensor(inputs, dtype=torch.long)
+    mask = torch.ones_like(ids)
+
+    def run():
+        with torch.inference_mode():
+            out = torch_model.generate(
+                ids, attention_mask=mask, do_sample=False, num_beams=beams, use_cache=True,
+                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            )
+        assert out.shape == (inputs.shape[0], new_tokens + 1), out.shape
+
+    return run
+
+
+def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int):
+    """(a function that runs t2t decoding once, its compile time in seconds)."""
+    method = "greedy" if beams == 1 else "beam"
+    predict = jax.jit(functools.partial(
+        model.predict_batch, method=method, beam_size=beams, max_decode_length=new_tokens,
+        min_length=new_tokens,
+    ))
+    batch = {"encoder_input_tokens": jnp.asarray(inputs)}
+    start = time.perf_counter()
+    compiled = predict.lower(params, batch).compile()
+    compile_s = time.perf_counter() - start
+
+    def run():
+        out = compiled(params, batch).block_until_ready()
+        assert out.shape == (inputs.shape[0], new_tokens) and not np.any(np.asarray(out) == 1)
+
+    return run, compile_s
+
+
+def interleaved_times(runners: dict, repeats: int) -> dict[str, list[float]]:
+    """Wall times of each runner, alternating between them so load changes hit both alike."""
+    for run in runners.values():
+        run()  # Warm-up.
+    times = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--input-length", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    torch_model, model, params = t5_small_pair()
+    rng = np.random.default_rng(0)
+    inputs = rng.integers(2, 32000, (args.batch, args.input_length)).astype(np.int32)
+    inputs[:, -1] = 1  # EOS-terminated, no padding.
+    output_tokens = args.batch * args.new_tokens
+
+    print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
+          f"{torch.__version__} ({args.threads} threads), devices {jax.devices()}")
+    print(f"{args.batch} inputs x {args.input_length} tokens -> {args.new_tokens} tokens each")
+    print(f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'median ratio':>13} "
+          f"{'t2t compile s':>14}")
+    for name, beams in (("greedy", 1), ("beam-4", 4)):
+        t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams)
+        runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run}
+        times = interleaved_times(runners, args.repeats)
+        best = {k: min(v) for k, v in times.items()}
+        median = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{name:<8} {output_tokens / best['hf']:>9.1f} {output_tokens / best['t2t']:>10.1f} "
+              f"{best['hf'] / best['t2t']:>5.2f}x {median['hf'] / median['t2t']:>12.2f}x "
+              f"{compile_s:>14.1f}", flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
