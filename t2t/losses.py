@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 NORMALIZING_MODES = ("num_real_target_tokens", "num_total_target_tokens")
+# The aux key of a batch-dependent loss denominator (`t2t.optim.LOSS_DENOMINATOR` is the same).
+LOSS_DENOMINATOR = "loss_denominator"
 
 
 def cross_entropy_with_z_loss(
@@ -93,8 +95,13 @@ def compute_weighted_loss(
       loss_normalizing_factor: see `loss_normalizing_factor_value`.
 
     Returns:
-      (loss scalar, aux) where aux has `z_loss` (its share of the loss, normalized the same
-      way), `cross_ent_loss` (loss minus z_loss), `weight_sum` and `loss_normalizing_factor`.
+      (loss scalar, aux). Every aux value adds up over microbatches (the contract of
+      `t2t.optim.accumulate_gradients`): `cross_ent_sum` and `z_loss_sum` (the weighted sums of
+      the two parts of the token loss, so `loss = (cross_ent_sum + z_loss_sum) / factor`) and
+      `weight_sum`. When the factor depends on the batch ("num_real_target_tokens",
+      "num_total_target_tokens") aux also holds it as `loss_denominator`; a constant factor (or
+      None) is left out, as it does not add up. Ratios (mean z-loss, loss per token) are derived
+      from these sums by whoever reports them.
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(
@@ -108,12 +115,16 @@ def compute_weighted_loss(
     weights = weights.astype(jnp.float32)
     token_loss, token_z = cross_entropy_with_z_loss(logits, targets, z_loss)
     factor = loss_normalizing_factor_value(loss_normalizing_factor, targets, weights)
-    loss = jnp.sum(token_loss * weights) / factor
-    z_total = jnp.sum(token_z * weights) / factor
+    loss_sum = jnp.sum(token_loss * weights)
+    z_loss_sum = jnp.sum(token_z * weights)
     aux = {
-        "z_loss": z_total,
-        "cross_ent_loss": loss - z_total,
+        "cross_ent_sum": loss_sum - z_loss_sum,
+        "z_loss_sum": z_loss_sum,
         "weight_sum": jnp.sum(weights),
-        "loss_normalizing_factor": jnp.asarray(factor, jnp.float32),
     }
-    return loss, aux
+    if isinstance(loss_normalizing_factor, str):
+        aux[LOSS_DENOMINATOR] = jnp.asarray(factor, jnp.float32)
+    # NOTE: a batch (or microbatch) without a real target token has a zero denominator; its loss
+    # is 0 rather than 0/0, and as a microbatch it weighs nothing in the accumulated batch loss.
+    safe_factor = jnp.where(factor > 0, factor, 1.0) if isinstance(factor, jax.Array) else factor
+    return loss_sum / safe_factor, aux

@@ -120,10 +120,12 @@ class BaseModel:
           dropout_rng: a PRNG key for dropout, or None for a deterministic pass.
 
         Returns:
-          The scalar loss (normalized by `loss_normalizing_factor`) and metrics: those of
-          `t2t.losses.compute_weighted_loss` (`z_loss`, `cross_ent_loss`, `weight_sum`,
-          `loss_normalizing_factor`) plus `token_accuracy`, the fraction of weighted target
-          tokens whose argmax is right.
+          The scalar loss (normalized by `loss_normalizing_factor`) and aux values that add up
+          over microbatches (`t2t.optim.accumulate_gradients`): those of
+          `t2t.losses.compute_weighted_loss` (`cross_ent_sum`, `z_loss_sum`, `weight_sum`, and
+          `loss_denominator` for batch-dependent factors) plus `num_correct_tokens`, the weight
+          of the target tokens whose argmax is right. Token accuracy is
+          `num_correct_tokens / weight_sum`.
         """
         _require(batch, ("decoder_target_tokens", "decoder_loss_weights"), "loss_fn")
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
@@ -134,11 +136,9 @@ class BaseModel:
             loss_normalizing_factor=self.loss_normalizing_factor,
         )
         correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-        metrics = dict(aux)
-        metrics["token_accuracy"] = jnp.sum(correct * weights.astype(jnp.float32)) / jnp.maximum(
-            aux["weight_sum"], 1.0
-        )
-        return loss, metrics
+        aux = dict(aux)
+        aux["num_correct_tokens"] = jnp.sum(correct * weights.astype(jnp.float32))
+        return loss, aux
 
     # -- scoring -----------------------------------------------------------------------------
 

@@ -67,10 +67,38 @@ def test_normalizing_modes(batch, mode):
     loss, aux = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
                                              z_loss=1e-4, loss_normalizing_factor=mode)
     np.testing.assert_allclose(loss, np.sum(token_loss * weights) / divisor, rtol=1e-5)
-    np.testing.assert_allclose(aux["z_loss"], np.sum(token_z * weights) / divisor, rtol=1e-5)
-    np.testing.assert_allclose(aux["cross_ent_loss"], loss - aux["z_loss"], rtol=1e-6)
+    np.testing.assert_allclose(aux["z_loss_sum"], np.sum(token_z * weights), rtol=1e-5)
+    np.testing.assert_allclose(aux["cross_ent_sum"], np.sum((token_loss - token_z) * weights),
+                               rtol=1e-5)
     assert float(aux["weight_sum"]) == weights.sum() == 9
-    assert float(aux["loss_normalizing_factor"]) == pytest.approx(divisor)
+    # Only a batch-dependent factor is reported (it adds up over microbatches; constants do not).
+    if isinstance(mode, str):
+        assert float(aux[losses.LOSS_DENOMINATOR]) == pytest.approx(divisor)
+    else:
+        assert losses.LOSS_DENOMINATOR not in aux
+
+
+@pytest.mark.parametrize("mode", [None, 233472.0, "num_real_target_tokens",
+                                  "num_total_target_tokens"])
+def test_aux_sums_add_up_over_row_splits(batch, mode):
+    """The aux of two halves of a batch sum to the aux of the batch; the loss follows from them."""
+    logits, targets = batch
+    whole_loss, whole = losses.compute_weighted_loss(logits, targets, loss_normalizing_factor=mode)
+    parts = [losses.compute_weighted_loss(logits[rows], targets[rows], loss_normalizing_factor=mode)
+             for rows in (slice(0, 1), slice(1, 3))]
+    for key, value in whole.items():
+        np.testing.assert_allclose(sum(float(aux[key]) for _, aux in parts), value, rtol=1e-5)
+    divisor = whole.get(losses.LOSS_DENOMINATOR, mode or 1.0)
+    np.testing.assert_allclose((whole["cross_ent_sum"] + whole["z_loss_sum"]) / divisor,
+                               whole_loss, rtol=1e-6)
+
+
+def test_no_real_target_token_gives_zero_loss_not_nan(batch):
+    logits, targets = batch
+    loss, aux = losses.compute_weighted_loss(
+        logits, targets, np.zeros(targets.shape, np.float32),
+        loss_normalizing_factor="num_real_target_tokens")
+    assert float(loss) == 0.0 and float(aux[losses.LOSS_DENOMINATOR]) == 0.0
 
 
 def test_explicit_weights_are_used(batch):
