@@ -85,7 +85,58 @@ def _cache(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-SUBCOMMANDS = [_vocab, _cache]
+def add_gin_flags(parser) -> None:
+    """--gin_file, --gin_search_paths and --import; `--gin.NAME=VALUE` is gathered by `main`."""
+    parser.add_argument("--gin_file", action="append", default=[], required=True,
+                        help="a gin file (repeatable, parsed in order), e.g. "
+                        "gin/experiments/tiny_builtin_demo.gin")
+    parser.add_argument("--gin_search_paths", default="",
+                        help="comma-separated directories to find gin files and includes in "
+                        "(the checkout's gin/ is always searched)")
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        help="a Python module to import first, e.g. one registering your tasks "
+                        "(repeatable; gin files may also `import` them)")
+
+
+def configure_gin(args) -> None:
+    """Imports --import modules, then parses the gin files and --gin.NAME=VALUE bindings."""
+    import importlib
+
+    from t2t import runs
+
+    for module in args.imports:
+        importlib.import_module(module)
+    paths = [p for p in args.gin_search_paths.split(",") if p]
+    runs.configure(args.gin_file, args.gin_bindings, paths)
+
+
+def _train(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model configured by gin files (pretraining or fine-tuning)",
+        description="Train as the gin files say (t2t.runs.train). Example: t2t train "
+        "--gin_file=gin/experiments/tiny_builtin_demo.gin --gin.MODEL_DIR=\"'/tmp/demo'\" "
+        "--gin.TRAIN_STEPS=100. --gin.NAME=VALUE binds any gin parameter or macro after the "
+        "files; restarting with the same MODEL_DIR resumes from its latest checkpoint.",
+    )
+    add_gin_flags(parser)
+
+    def handler(args) -> None:
+        configure_gin(args)
+        from t2t import runs
+
+        summary = runs.train()
+        first, last = summary["first_loss"], summary["last_loss"]
+        if first is not None:
+            print(f"trained steps {summary['first_step']} -> {summary['last_step']}: loss "
+                  f"{first:.3f} -> {last:.3f}; {summary['tokens_seen']} tokens seen")
+        for name, value in summary["eval"].items():
+            print(f"  {name}: {value:.4f}")
+
+    parser.set_defaults(handler=handler)
+
+
+SUBCOMMANDS = [_vocab, _cache, _train]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,9 +147,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separates `--gin.NAME=VALUE` (or `--gin.NAME VALUE`) flags from the others.
+
+    Example: ["train", "--gin.MODEL_DIR='/tmp/x'", "--gin_file=a.gin"] ->
+    (["train", "--gin_file=a.gin"], ["MODEL_DIR='/tmp/x'"]).
+    """
+    rest, bindings = [], []
+    items = iter(argv)
+    for item in items:
+        if item.startswith("--gin.") and item != "--gin.":
+            name, equals, value = item[len("--gin."):].partition("=")
+            if not equals:
+                value = next(items, None)
+                if value is None:
+                    raise SystemExit(f"t2t: error: {item} needs a value (--gin.NAME=VALUE).")
+            bindings.append(f"{name} = {value}")
+        else:
+            rest.append(item)
+    return rest, bindings
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
+    args.gin_bindings = gin_bindings
     try:
         args.handler(args)
     except ValueError as error:

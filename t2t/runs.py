@@ -1,0 +1,283 @@
+"""The gin edge: run functions configured from `gin/` files, and the library callables gin names.
+
+Library modules carry no gin; everything gin binds is registered here:
+
+- run functions, each thin, calling library code: `train` (`t2t.trainer`);
+- external configurables for what gin files reference: `t2t.nn.get_preset`, the `t2t.optim`
+  optimizer and schedules, the `t2t.models` wrappers, and `checkpoint_model_config` (the
+  network of a HF or t2t checkpoint to fine-tune).
+
+Gin names are module-qualified as in Python (`@t2t.optim.inverse_sqrt()`,
+`t2t.runs.train.batch_size = 128`); the short names (`train.batch_size`) work too when unique.
+A run writes its operative gin config to `<model_dir>/config.gin` and the network's
+configuration to `<model_dir>/model_config.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gin
+import optax
+
+from t2t import models, optim
+from t2t import nn as t2t_nn
+from t2t.nn.config import TransformerConfig
+
+CONFIG_GIN_FILE = "config.gin"
+MODEL_CONFIG_FILE = "model_config.json"
+
+# -- external configurables ----------------------------------------------------------------------
+
+
+def checkpoint_model_config(path: str, **overrides) -> TransformerConfig:
+    """The network of a checkpoint to start from, with field overrides (e.g. dropout_rate).
+
+    Args:
+      path: a HF T5 directory (read from its `config.json`) or a t2t model directory (read
+        from its latest checkpoint's metadata).
+    """
+    from t2t.trainer import init
+
+    return init.source_config(path, **overrides)
+
+
+def _register_externals() -> dict[str, Callable]:
+    registered = {}
+    for module, functions in (
+        ("t2t.nn", (t2t_nn.get_preset,)),
+        ("t2t.optim", (optim.adafactor, optim.inverse_sqrt, optim.constant,
+                       optim.warmup_linear_decay, optim.warmup_cosine_decay,
+                       optim.slanted_triangular, optim.freeze)),
+        ("t2t.models", (models.EncoderDecoderModel, models.DecoderOnlyModel, models.model_for)),
+        ("optax", (optax.adamw, optax.sgd)),
+        ("t2t.runs", (checkpoint_model_config,)),
+    ):
+        for function in functions:
+            name = function.__name__
+            registered[f"{module}.{name}"] = gin.external_configurable(function, name, module)
+    return registered
+
+
+_EXTERNALS = _register_externals()
+
+
+# -- train ---------------------------------------------------------------------------------------
+
+
+@gin.configurable(module="t2t.runs")
+def train(
+    model_dir: str = gin.REQUIRED,
+    mixture_or_task: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    train_steps: int = gin.REQUIRED,
+    model_config: TransformerConfig | None = None,
+    batch_size: int = 128,
+    model_fn: Callable[..., models.BaseModel] = _EXTERNALS["t2t.models.model_for"],
+    optimizer: Callable[..., optax.GradientTransformation] = _EXTERNALS["t2t.optim.adafactor"],
+    learning_rate: optax.Schedule | float = 1e-3,
+    num_microbatches: int = 1,
+    mesh_shape: Sequence[int] = (-1, 1),
+    sharding_mode: str = "tensor_parallel",
+    pack: bool = True,
+    use_cached: bool = False,
+    seed: int = 0,
+    log_every: int = 100,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int | None = 3,
+    best_metrics: Mapping[str, str] | None = None,
+    eval_every: int | None = None,
+    eval_tasks: Sequence[str] = (),
+    eval_split: str = "validation",
+    eval_steps: int | None = 10,
+    evaluators: Sequence[Callable[..., Callable]] = (),
+    init_checkpoint: str | None = None,
+    num_predictions: int = 0,
+    async_checkpoints: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Trains a model and keeps its checkpoints, summaries and config in `model_dir`.
+
+    Restarting with the same `model_dir` resumes from its latest checkpoint (the data continues
+    where it stopped). With no checkpoint there, `init_checkpoint` (a HF T5 directory or another
+    run's model directory) supplies the first parameters and the optimizer starts afresh.
+
+    Args:
+      model_dir: the run's directory (local or any path Orbax and TensorFlow can write).
+      mixture_or_task: the registered seqio task or mixture to train on.
+      task_feature_lengths: e.g. {"inputs": 512, "targets": 114}.
+      train_steps: train until this many updates (counting restored ones).
+      model_config: the network; None takes it from `init_checkpoint`.
+      batch_size: global batch (rows over all hosts).
+      model_fn: builds the model wrapper from the config (`t2t.models.model_for`; bind its
+        `z_loss` and `loss_normalizing_factor`).
+      optimizer: called as `optimizer(learning_rate=...)` (`t2t.optim.adafactor`).
+      learning_rate: a schedule (`@t2t.optim.inverse_sqrt()`) or a constant.
+      num_microbatches: gradient-accumulation microbatches per step.
+      mesh_shape: (data, model) mesh sizes, one may be -1.
+      sharding_mode: `data_parallel`, `tensor_parallel` or `fsdp`.
+      pack: pack examples into rows.
+      use_cached: read the tasks' seqio caches.
+      seed: seeds initialization, dropout and the data order.
+      log_every, checkpoint_every, eval_every: periods in steps (eval None: never).
+      keep_checkpoints: recent checkpoints to keep (None: all).
+      best_metrics: {metric: "max" | "min"} whose best checkpoint is also kept, e.g.
+        {"builtin_package/token_accuracy": "max"}.
+      eval_tasks: tasks whose teacher-forced loss and token accuracy are measured.
+      eval_split: their split.
+      eval_steps: batches per eval task (None: the whole split).
+      evaluators: factories `factory(model=..., partitioner=...)` returning
+        `evaluator(params, step) -> {metric: value}` (decoding metrics).
+      init_checkpoint: HF T5 directory or t2t model directory to start from.
+      num_predictions: decode and print this many validation examples at the end.
+      async_checkpoints: write checkpoints in the background.
+      progress: show a progress bar.
+
+    Returns:
+      The trainer's summary (steps, first and last loss, compile time, eval results) and the
+      printed predictions.
+    """
+    from t2t import partitioning
+
+    partitioning.initialize_distributed()
+    from t2t.checkpoints.manager import BestMetric
+    from t2t.data import pipeline, registry
+    from t2t.trainer import Trainer, batches, predictions
+
+    config = _resolve_model_config(model_config, init_checkpoint)
+    model = model_fn(config)
+    partitioner = partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
+    shard_index, num_shards = partitioner.data_shard()
+    data = dict(task_feature_lengths=dict(task_feature_lengths), global_batch_size=batch_size,
+                architecture=config.architecture, pack=pack, use_cached=use_cached, seed=seed,
+                shard_index=shard_index, num_shards=num_shards)
+    train_config = pipeline.PipelineConfig(mixture_or_task, **data)
+    eval_configs = {
+        name: pipeline.PipelineConfig(name, **{**data, "use_cached": False}, split=eval_split,
+                                      shuffle=False, num_epochs=1)
+        for name in eval_tasks
+    }
+    trainer = Trainer(
+        model, optimizer(learning_rate=learning_rate), partitioner, model_dir,
+        pipeline.InputPipeline(train_config), learning_rate=learning_rate,
+        num_microbatches=num_microbatches, seed=seed, log_every=log_every,
+        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        best_metrics=[BestMetric(k, v) for k, v in (best_metrics or {}).items()],
+        eval_every=eval_every,
+        eval_data={k: batches.eval_batches(c, eval_steps) for k, c in eval_configs.items()},
+        evaluators=[make(model=model, partitioner=partitioner) for make in evaluators],
+        metadata=_data_metadata(registry.get_task_or_mixture(mixture_or_task),
+                                mixture_or_task, task_feature_lengths),
+        init_checkpoint=init_checkpoint, async_checkpoints=async_checkpoints,
+        progress=progress,
+    )
+    write_run_files(model_dir, config)
+    try:
+        summary = trainer.train(train_steps)
+        shown = []
+        if num_predictions:
+            vocabulary = registry.get_task_or_mixture(mixture_or_task).output_features[
+                "targets"].vocabulary
+            target = eval_configs[eval_tasks[0]] if eval_tasks else dataclasses.replace(
+                train_config, split=eval_split)
+            shown = predictions.predict_examples(model, trainer.params, partitioner, target,
+                                                 vocabulary, num_predictions)
+            print(f"\nGreedy predictions after step {trainer.step} ({target.mixture_or_task}, "
+                  f"{eval_split}):\n{predictions.format_predictions(shown)}", flush=True)
+    finally:
+        trainer.close()
+    write_run_files(model_dir, config)  # now with everything the run used
+    return {**summary, "predictions": shown}
+
+
+def _resolve_model_config(model_config: TransformerConfig | None,
+                          init_checkpoint: str | None) -> TransformerConfig:
+    if model_config is not None:
+        if not isinstance(model_config, TransformerConfig):
+            raise TypeError(
+                "train.model_config must be a TransformerConfig (e.g. @t2t.nn.get_preset()), got "
+                f"{type(model_config).__name__}."
+            )
+        return model_config
+    if init_checkpoint is None:
+        raise ValueError(
+            "No model: bind train.model_config (include a gin/models/ file) or set "
+            "train.init_checkpoint to take the network of a checkpoint."
+        )
+    return checkpoint_model_config(init_checkpoint)
+
+
+def _data_metadata(provider, name: str, lengths: Mapping[str, int]) -> dict[str, Any]:
+    """The data entries of the checkpoint metadata: task, lengths and vocabulary."""
+    vocabulary = provider.output_features["targets"].vocabulary
+    entry: dict[str, Any] = {"mixture_or_task": name, "task_feature_lengths": dict(lengths)}
+    model_file = getattr(vocabulary, "sentencepiece_model_file", None)
+    if model_file is not None:
+        entry["vocabulary"] = {"sentencepiece_model_file": model_file,
+                               "extra_ids": vocabulary.extra_ids}
+    else:
+        logging.warning("The vocabulary of %s is not SentencePiece; not recorded.", name)
+    return entry
+
+
+def write_run_files(model_dir: str, config: TransformerConfig) -> None:
+    """Writes `config.gin` (the operative gin config) and `model_config.json` (process 0)."""
+    import jax
+
+    if jax.process_index() != 0:
+        return
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, CONFIG_GIN_FILE), "w") as f:
+        f.write(gin.operative_config_str())
+    with open(os.path.join(model_dir, MODEL_CONFIG_FILE), "w") as f:
+        json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+
+def default_search_paths() -> list[str]:
+    """The repository's `gin/` directory and its parent, when t2t runs from a checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [p for p in (os.path.join(root, "gin"), root) if os.path.isdir(p)]
+
+
+def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
+              search_paths: Sequence[str] = (), *, finalize: bool = True) -> None:
+    """Parses gin files (in order) and then bindings, as the `t2t` CLI does.
+
+    Files and their `include`s are looked up as given, then under each search path (given
+    ones first, then the repository's `gin/` directory and its parent). Earlier configuration
+    is cleared.
+
+    Args:
+      gin_files: e.g. ["gin/experiments/tiny_builtin_demo.gin"].
+      bindings: e.g. ["MODEL_DIR = '/tmp/demo'", "t2t.runs.train.train_steps = 10"].
+      search_paths: extra directories to resolve files and includes in.
+      finalize: lock the configuration (no later changes).
+
+    Raises:
+      ValueError: when no gin file is given.
+    """
+    if not gin_files:
+        raise ValueError("Give at least one --gin_file (e.g. gin/experiments/tiny_builtin_demo.gin).")
+    gin.clear_config()
+    for path in [*search_paths, *default_search_paths()]:
+        gin.add_config_file_search_path(path)
+    root = logging.getLogger()
+    root.addFilter(_quiet_search_misses)
+    try:
+        gin.parse_config_files_and_bindings(list(gin_files), list(bindings),
+                                            finalize_config=finalize)
+    finally:
+        root.removeFilter(_quiet_search_misses)
+
+
+def _quiet_search_misses(record: logging.LogRecord) -> bool:
+    """Drops gin's error log for each search path a file is not in (it is found in the next)."""
+    return not (record.module == "resource_reader" and record.msg.startswith("Path not found"))

@@ -1,0 +1,15 @@
+"""Training: the jitted train and eval steps, the loop around them, and what it reports.
+
+- `steps`: the pure train step (microbatched gradients, optimizer update) and the teacher-forced
+  eval step, jitted with explicit shardings; host-side metric derivation from summed values;
+- `loop`: `Trainer`, which restores or initializes a run, steps, logs, evaluates, checkpoints,
+  and stops on non-finite values (`NonFiniteError`);
+- `init`: the first parameters of a run from a HF T5 directory or another run's checkpoint;
+- `batches`: fixed-shape host batches from finite eval data;
+- `reporting`: TensorBoard scalars, the console progress bar, the loss-curve PNG;
+- `predictions`: a few decoded examples shown at the end of a run.
+"""
+
+from t2t.trainer.loop import LOSS_CURVE_FILE, NonFiniteError, Trainer
+
+__all__ = ["LOSS_CURVE_FILE", "NonFiniteError", "Trainer"]

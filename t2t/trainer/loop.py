@@ -1,0 +1,410 @@
+"""The training loop: restore or initialize, step, log, evaluate, checkpoint, stop safely.
+
+`Trainer` owns one run's state (parameters, optimizer state, step, counters) and its model
+directory. It
+
+- restores the latest checkpoint of the model directory if there is one (parameters,
+  optimizer state, input-pipeline position and counters, onto whatever mesh the run has), and
+  otherwise starts from a HF T5 directory, another run's checkpoint (parameters only) or random
+  initialization, every array created directly in its shards;
+- dispatches jitted train steps without waiting for them, and fetches their metrics every
+  `log_every` steps (and before every evaluation and checkpoint) to write TensorBoard scalars,
+  update the progress bar and check that every quantity is finite;
+- evaluates every `eval_every` steps: teacher-forced loss and token accuracy on each eval set,
+  then each evaluator callable `evaluator(params, step) -> {name: value}`;
+- saves a checkpoint every `checkpoint_every` steps and at the end (keeping the last K and the
+  best per tracked metric), and redraws `loss_curve.png`;
+- stops at the first non-finite loss, gradient or parameter norm with `NonFiniteError`, after the
+  pending checkpoint writes have finished; such parameters are never saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+from t2t import nn as t2t_nn
+from t2t.checkpoints.manager import BestMetric, CheckpointManager
+from t2t.partitioning import Partitioner
+from t2t.trainer import init, reporting, steps
+
+Evaluator = Callable[[nnx.State, int], Mapping[str, float]]
+LOSS_CURVE_FILE = "loss_curve.png"
+
+
+class NonFiniteError(FloatingPointError):
+    """A training step produced a NaN or infinite loss, gradient or parameter norm."""
+
+    def __init__(self, step: int, problem: str, last_checkpoint: int | None):
+        self.step = step
+        self.problem = problem
+        self.last_checkpoint = last_checkpoint
+        kept = (f"the last checkpoint (step {last_checkpoint}) holds the last saved good "
+                "parameters" if last_checkpoint is not None else "no checkpoint was saved")
+        super().__init__(
+            f"Training stopped at step {step}: {problem}. Nothing of this step was saved; "
+            f"{kept}. Lower the learning rate, raise the z-loss, or check the data of this step, "
+            "then restart from the checkpoint."
+        )
+
+
+class Trainer:
+    """Trains `model` with `tx` on `partitioner`'s mesh, keeping its state in `model_dir`.
+
+    Example:
+      trainer = Trainer(model, optim.adafactor(schedule), partitioner, "/runs/demo",
+                        InputPipeline(config), learning_rate=schedule, checkpoint_every=100)
+      trainer.train(1000)   # restores /runs/demo's latest checkpoint first, if any
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tx: optax.GradientTransformation,
+        partitioner: Partitioner,
+        model_dir: str,
+        train_data: Iterator[Mapping[str, np.ndarray]],
+        *,
+        learning_rate: optax.Schedule | float | None = None,
+        num_microbatches: int = 1,
+        seed: int = 0,
+        log_every: int = 100,
+        checkpoint_every: int = 1000,
+        keep_checkpoints: int | None = 3,
+        best_metrics: Sequence[BestMetric] = (),
+        eval_every: int | None = None,
+        eval_data: Mapping[str, Callable[[], Iterable[Mapping[str, np.ndarray]]]] | None = None,
+        evaluators: Sequence[Evaluator] = (),
+        metadata: Mapping[str, Any] | None = None,
+        init_checkpoint: str | None = None,
+        async_checkpoints: bool = True,
+        progress: bool = True,
+    ):
+        """
+        Args:
+          model: a `t2t.models` wrapper (its `config`, `loss_fn`).
+          tx: the optimizer.
+          partitioner: the mesh and logical-axis rules of the run.
+          model_dir: where checkpoints, TensorBoard events and the loss curve go.
+          train_data: this host's numpy batches; with `save`/`restore` (an
+            `InputPipeline`) its position is checkpointed.
+          learning_rate: the schedule (or constant) `tx` uses, for logging only.
+          num_microbatches: microbatches per step (gradient accumulation).
+          seed: seeds random initialization and dropout.
+          log_every: fetch metrics, log them and check them every this many steps.
+          checkpoint_every: save every this many steps (and at the end).
+          keep_checkpoints: how many recent checkpoints to keep (None: all).
+          best_metrics: metrics (keys of the eval results) whose best checkpoint is kept.
+          eval_every: evaluate every this many steps (and at the end); None: never.
+          eval_data: eval set name -> function returning an iterable of numpy batches
+            (`batches.eval_batches`).
+          evaluators: callables `evaluator(params, step) -> {metric: value}` run at each
+            evaluation (decoding metrics); they must not keep `params`.
+          metadata: saved with every checkpoint besides the trainer's own keys (vocabulary,
+            mixture_or_task, task_feature_lengths).
+          init_checkpoint: start from this HF directory or t2t model directory when `model_dir`
+            has no checkpoint.
+          async_checkpoints: write checkpoints in the background.
+          progress: show the console progress bar.
+        """
+        for name, value in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
+            raise ValueError(f"eval_every must be a positive int or None, got {eval_every!r}.")
+        self.model, self.tx, self.partitioner = model, tx, partitioner
+        self.config: t2t_nn.TransformerConfig = model.config
+        self.model_dir = os.fspath(model_dir)
+        self.train_data = train_data
+        self.learning_rate = learning_rate
+        self.num_microbatches = num_microbatches
+        self.log_every, self.checkpoint_every, self.eval_every = (
+            log_every, checkpoint_every, eval_every)
+        self.eval_data = dict(eval_data or {})
+        self.evaluators = list(evaluators)
+        self.metadata = dict(metadata or {})
+        self.progress_enabled = progress
+        self.rng = jax.random.PRNGKey(seed)
+        self.manager = CheckpointManager(
+            self.model_dir, keep=keep_checkpoints, best=best_metrics, async_save=async_checkpoints
+        )
+        config = self.config
+        self.graphdef, self.abstract_params = partitioner.abstract_model(
+            lambda: t2t_nn.build(config, nnx.Rngs(params=seed))
+        )
+        self.abstract_opt_state = partitioner.abstract_optimizer(tx, self.abstract_params)
+        self._seed = seed
+        self._train_step = None  # compiled at the first batch (its shapes are needed)
+        self._eval_step = jax.jit(steps.make_eval_step(model))
+        self.history: list[tuple[int, dict[str, float]]] = []  # (step, train scalars) this run
+        self.eval_history: list[tuple[int, dict[str, float]]] = []
+        self.compile_seconds: float | None = None
+        self._evaluated_at: int | None = None  # the step of the latest evaluation
+        self._saved_step: int | None = None  # the step of the latest checkpoint this run saved
+        self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
+        self._window_start = time.perf_counter()
+        self.init_description = self._initialize(init_checkpoint)
+        self._writers = {name: reporting.ScalarWriter(os.path.join(self.model_dir, name))
+                         for name in ("train", "eval")}
+        for writer in self._writers.values():
+            writer.restart(self.step)
+        self._curve_train, self._curve_eval = self._earlier_curves()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def _initialize(self, init_checkpoint: str | None) -> dict[str, Any]:
+        """Restores the latest checkpoint of the model directory, or makes the first state."""
+        self.tokens_seen = self.examples_seen = 0
+        latest = self.manager.latest_step()
+        if latest is not None:
+            savable = hasattr(self.train_data, "save") and hasattr(self.train_data, "restore")
+            restored = self.manager.restore(
+                latest, abstract_params=self.abstract_params,
+                abstract_opt_state=self.abstract_opt_state,
+                data_iterator=self.train_data if savable else None,
+            )
+            self.params, self.opt_state, self.step = (
+                restored.params, restored.opt_state, restored.step)
+            self.tokens_seen = int(restored.metadata.get("tokens_seen", 0))
+            self.examples_seen = int(restored.metadata.get("examples_seen", 0))
+            logging.info("Restored step %d from %s.", latest, self.model_dir)
+            return {"kind": "resume", "step": latest}
+        self.step = 0
+        if init_checkpoint:
+            self.params, description = init.load_params(
+                init_checkpoint, self.config, self.abstract_params)
+        else:
+            config, seed = self.config, self._seed
+            module = self.partitioner.init_model(
+                lambda: t2t_nn.build(config, nnx.Rngs(params=seed)))
+            self.params = nnx.split(module)[1]
+            description = {"kind": "random", "seed": seed}
+        self.opt_state = self.partitioner.init_optimizer(self.tx, self.params)
+        return description
+
+    def _earlier_curves(self):
+        """Loss-curve points an earlier (interrupted) run of this model directory logged."""
+        if self.step == 0:
+            return [], {}
+        train = reporting.read_scalars(os.path.join(self.model_dir, "train"), self.step)
+        evals = reporting.read_scalars(os.path.join(self.model_dir, "eval"), self.step)
+        suffix = reporting.CURVE_EVAL_SUFFIX
+        return (list(train.get(reporting.CURVE_TRAIN_TAG, [])),
+                {tag[: -len(suffix)]: list(v) for tag, v in evals.items() if tag.endswith(suffix)})
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def train(self, num_steps: int) -> dict[str, Any]:
+        """Trains until `num_steps` updates have been made (counting those restored).
+
+        Returns:
+          A summary: first and last step of this call, the first and last logged training
+          loss, compile time, and the final eval results (if any).
+
+        Raises:
+          NonFiniteError: at the first step with a non-finite loss, gradient or parameters.
+        """
+        first_step = self.step
+        progress = reporting.Progress(num_steps, self.step, enabled=self.progress_enabled)
+        self._window_start = time.perf_counter()
+        eval_results: dict[str, float] = {}
+        try:
+            while self.step < num_steps:
+                try:
+                    local = next(self.train_data)
+                except StopIteration:
+                    progress.note(f"The training data ran out at step {self.step}.")
+                    num_steps = self.step
+                    break
+                self._dispatch(local)
+                progress.advance()
+                eval_results = self._boundary(num_steps, progress) or eval_results
+            if self.step > first_step and self._saved_step != self.step:  # the data ran out
+                self._flush(progress)
+                self._save(eval_results if self._evaluated_at == self.step else None, progress)
+        finally:
+            progress.close()
+            self._finish()
+        return self._summary(first_step, eval_results)
+
+    def _dispatch(self, local: Mapping[str, np.ndarray]) -> None:
+        """Runs one train step on a host batch without waiting for it."""
+        batch = self.partitioner.make_global_batch(local)
+        step = np.int32(self.step)
+        with self.partitioner.context():
+            if self._train_step is None:
+                self._train_step = self._compile(batch, step)
+            self.params, self.opt_state, metrics = self._train_step(
+                self.params, self.opt_state, batch, self.rng, step)
+        self.step += 1
+        self._pending.append((self.step, metrics))
+
+    def _compile(self, batch, step) -> Callable:
+        start = time.perf_counter()
+        jitted = steps.jit_train_step(
+            steps.make_train_step(self.model, self.tx, num_microbatches=self.num_microbatches),
+            self.partitioner, self.abstract_params, self.abstract_opt_state, batch,
+        )
+        compiled = jitted.lower(self.params, self.opt_state, batch, self.rng, step).compile()
+        self.compile_seconds = time.perf_counter() - start
+        logging.info("Compiled the train step in %.1f s.", self.compile_seconds)
+        self._window_start = time.perf_counter()
+        return compiled
+
+    def _boundary(self, num_steps: int, progress: reporting.Progress) -> dict[str, float] | None:
+        """Logging, evaluation and checkpointing due after the step just dispatched."""
+        step, last = self.step, self.step == num_steps
+        checkpoint_due = last or step % self.checkpoint_every == 0
+        eval_due = self.eval_every is not None and (last or step % self.eval_every == 0)
+        if last or checkpoint_due or eval_due or step % self.log_every == 0:
+            self._flush(progress)
+        results = None
+        if eval_due:
+            results = self.evaluate(progress)
+        if checkpoint_due:
+            self._save(results, progress)
+        if eval_due or checkpoint_due:
+            self._window_start = time.perf_counter()  # keep their time out of tokens/s
+        return results
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def _flush(self, progress: reporting.Progress) -> None:
+        """Fetches pending step metrics, checks them, logs them."""
+        if not self._pending:
+            return
+        fetched = jax.device_get([m for _, m in self._pending])
+        elapsed = time.perf_counter() - self._window_start
+        steps_done = [s for s, _ in self._pending]
+        self._pending = []
+        factor = self.model.loss_normalizing_factor
+        writer = self._writers["train"]
+        tokens = examples = 0
+        for step, raw in zip(steps_done, fetched):
+            problem = steps.first_non_finite(raw)
+            if problem is not None:
+                self._stop(step, problem)
+            scalars = steps.train_scalars(raw, factor)
+            tokens += int(scalars.pop("num_tokens"))
+            examples += int(scalars.pop("num_examples"))
+            self.history.append((step, scalars))
+            self._curve_train.append((step, scalars[reporting.CURVE_TRAIN_TAG]))
+            writer.write(step, scalars)
+        self.tokens_seen += tokens
+        self.examples_seen += examples
+        window = {
+            "tokens_per_second": tokens / max(elapsed, 1e-9),
+            "examples_per_second": examples / max(elapsed, 1e-9),
+            "step_time": elapsed / len(steps_done),
+            "tokens_seen": self.tokens_seen,
+        }
+        if self.learning_rate is not None:
+            rate = self.learning_rate
+            window["learning_rate"] = float(rate(steps_done[-1] - 1) if callable(rate) else rate)
+        writer.write(steps_done[-1], window)
+        writer.flush()
+        progress.show({**self.history[-1][1], **window})
+        self._window_start = time.perf_counter()
+
+    def _stop(self, step: int, problem: str) -> None:
+        """Waits for pending checkpoint writes, then raises NonFiniteError."""
+        self.manager.wait_until_finished()
+        raise NonFiniteError(step, problem, self.manager.latest_step())
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    def evaluate(self, progress: reporting.Progress | None = None) -> dict[str, float]:
+        """Teacher-forced loss and accuracy on every eval set, then every evaluator.
+
+        Returns:
+          `<eval set>/loss` (cross-entropy per real target token), `<eval set>/accuracy`,
+          `<eval set>/z_loss`, `<eval set>/target_tokens`, and the evaluators' metrics.
+        """
+        results: dict[str, float] = {}
+        for name, make_batches in self.eval_data.items():
+            sums = []
+            with self.partitioner.context():
+                for local in make_batches():
+                    sums.append(self._eval_step(self.params,
+                                                self.partitioner.make_global_batch(local)))
+            if not sums:
+                raise ValueError(f"The eval set {name!r} produced no batch.")
+            totals = {k: sum(float(s[k]) for s in jax.device_get(sums)) for k in steps.EVAL_SUMS}
+            for key, value in steps.eval_scalars(totals).items():
+                results[f"{name}/{key}"] = value
+            self._curve_eval.setdefault(name, []).append((self.step, results[f"{name}/loss"]))
+        for evaluator in self.evaluators:
+            results.update({k: float(v) for k, v in evaluator(self.params, self.step).items()})
+        self._evaluated_at = self.step
+        self.eval_history.append((self.step, results))
+        self._writers["eval"].write(self.step, results)
+        self._writers["eval"].flush()
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items()
+                          if not k.endswith(("/target_tokens", "/z_loss")))
+        (progress.note if progress else print)(f"step {self.step} eval: {shown}")
+        return results
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def _save(self, metrics: Mapping[str, float] | None, progress: reporting.Progress) -> None:
+        savable = hasattr(self.train_data, "save") and hasattr(self.train_data, "restore")
+        self.manager.save(
+            self.step, params=self.params, opt_state=self.opt_state,
+            data_iterator=self.train_data if savable else None,
+            metadata=self.checkpoint_metadata(), metrics=metrics,
+        )
+        self._saved_step = self.step
+        self.plot_loss_curve()
+        progress.note(f"step {self.step}: checkpoint saved to {self.manager.directory}")
+
+    def checkpoint_metadata(self) -> dict[str, Any]:
+        """The metadata JSON of a checkpoint at the current step."""
+        return {
+            **self.metadata,
+            "step": self.step,
+            "config": self.config,
+            "architecture": self.config.architecture,
+            "tokens_seen": self.tokens_seen,
+            "examples_seen": self.examples_seen,
+            "initialized_from": self.init_description,
+        }
+
+    def plot_loss_curve(self) -> str:
+        path = os.path.join(self.model_dir, LOSS_CURVE_FILE)
+        reporting.plot_loss_curve(path, self._curve_train, self._curve_eval,
+                                  title=os.path.basename(os.path.normpath(self.model_dir)))
+        return path
+
+    def _finish(self) -> None:
+        self.manager.wait_until_finished()
+        for writer in self._writers.values():
+            writer.flush()
+        if self._curve_train:
+            self.plot_loss_curve()
+
+    def close(self) -> None:
+        """Waits for checkpoint writes and closes files; the trainer is unusable after."""
+        self.manager.wait_until_finished()
+        self.manager.close()
+        for writer in self._writers.values():
+            writer.close()
+
+    def _summary(self, first_step: int, eval_results: Mapping[str, float]) -> dict[str, Any]:
+        losses = [scalars["loss"] for _, scalars in self.history]
+        return {
+            "first_step": first_step,
+            "last_step": self.step,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "compile_seconds": self.compile_seconds,
+            "tokens_seen": self.tokens_seen,
+            "eval": dict(eval_results),
+        }
