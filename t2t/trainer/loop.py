@@ -155,7 +155,7 @@ class Trainer:
         self._writers = {name: reporting.ScalarWriter(os.path.join(self.model_dir, name))
                          for name in ("train", "eval")}
         for writer in self._writers.values():
-            writer.restart(self.step)
+            writer.restart(self.step + 1)
         self._curve_train, self._curve_eval = self._earlier_curves()
 
     # -- state -----------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class Trainer:
         """Teacher-forced loss and accuracy on every eval set, then every evaluator.
 
         Returns:
-          `<eval set>/loss` (cross-entropy per real target token), `<eval set>/accuracy`,
+          `<eval set>/loss` (cross-entropy per real target token), `<eval set>/token_accuracy`,
           `<eval set>/z_loss`, `<eval set>/target_tokens`, and the evaluators' metrics.
         """
         results: dict[str, float] = {}

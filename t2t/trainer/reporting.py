@@ -27,8 +27,8 @@ class ScalarWriter:
 
     Example:
       writer = ScalarWriter("<model_dir>/train")
-      writer.restart(step=100)                # after resuming: hides older events past step 100
-      writer.write(101, {"loss": 2.3, "accuracy": 0.41})
+      writer.restart(101)       # resumed after step 100: hides older events from step 101 on
+      writer.write(101, {"loss": 2.3, "token_accuracy": 0.41})
       writer.flush()
     """
 
@@ -39,13 +39,14 @@ class ScalarWriter:
         self.directory = directory
         self._writer = EventFileWriter(directory)
 
-    def restart(self, step: int) -> None:
-        """Marks a (re)start at `step`: TensorBoard then drops events past `step` written by an
-        earlier, interrupted run, so a resumed run's curves do not show the lost steps twice."""
+    def restart(self, first_step: int) -> None:
+        """Marks a (re)start whose first event will be at `first_step`: TensorBoard then drops
+        the events from `first_step` on that an earlier, interrupted run wrote, so a resumed
+        run's curves do not show the lost steps twice."""
         from tensorboard.compat.proto import event_pb2
 
         event = event_pb2.Event(
-            wall_time=time.time(), step=step,
+            wall_time=time.time(), step=first_step,
             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
         )
         self._writer.add_event(event)
@@ -109,10 +110,10 @@ class Progress:
 
     def show(self, metrics: Mapping[str, float]) -> None:
         shown = {}
-        for name, fmt in (("loss", "{:.3f}"), ("accuracy", "{:.3f}"),
-                          ("tokens_per_second", "{:.0f}")):
+        for name, label, fmt in (("loss", "loss", "{:.3f}"), ("token_accuracy", "acc", "{:.3f}"),
+                                 ("tokens_per_second", "tok/s", "{:.0f}")):
             if name in metrics:
-                shown["tok/s" if name == "tokens_per_second" else name] = fmt.format(metrics[name])
+                shown[label] = fmt.format(metrics[name])
         self._bar.set_postfix(shown, refresh=False)
 
     def note(self, line: str) -> None:

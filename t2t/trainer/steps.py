@@ -150,7 +150,8 @@ def train_scalars(raw: Mapping[str, Any], loss_normalizing_factor: float | str |
 
     `loss` is the objective as optimized; `z_loss` its z-loss share (same normalization);
     `cross_ent_per_token` the cross-entropy per real target token (comparable across
-    normalizations and with eval losses); `accuracy` the token accuracy.
+    normalizations and with eval losses); `token_accuracy` the fraction of target tokens whose
+    argmax is right.
     """
     raw = {k: float(np.asarray(v)) for k, v in raw.items()}
     if losses.LOSS_DENOMINATOR in raw:
@@ -163,7 +164,7 @@ def train_scalars(raw: Mapping[str, Any], loss_normalizing_factor: float | str |
         "loss": raw["loss"],
         "z_loss": _ratio(raw["z_loss_sum"], denominator),
         "cross_ent_per_token": _ratio(raw["cross_ent_sum"], raw["weight_sum"]),
-        "accuracy": _ratio(raw["num_correct_tokens"], raw["weight_sum"]),
+        "token_accuracy": _ratio(raw["num_correct_tokens"], raw["weight_sum"]),
         "grad_norm": raw["grad_norm"],
         "param_norm": raw["param_norm"],
         "target_tokens": raw["weight_sum"],
@@ -174,12 +175,12 @@ def train_scalars(raw: Mapping[str, Any], loss_normalizing_factor: float | str |
 
 def eval_scalars(sums: Mapping[str, float]) -> dict[str, float]:
     """Teacher-forced eval metrics from summed EVAL_SUMS: `loss` (cross-entropy per real target
-    token, no z-loss), `z_loss` (per token), `accuracy` and `target_tokens`."""
+    token, no z-loss), `z_loss` (per token), `token_accuracy` and `target_tokens`."""
     weight = float(sums["weight_sum"])
     return {
         "loss": _ratio(float(sums["cross_ent_sum"]), weight),
         "z_loss": _ratio(float(sums["z_loss_sum"]), weight),
-        "accuracy": _ratio(float(sums["num_correct_tokens"]), weight),
+        "token_accuracy": _ratio(float(sums["num_correct_tokens"]), weight),
         "target_tokens": weight,
     }
 
