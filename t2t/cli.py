@@ -85,7 +85,163 @@ def _cache(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-SUBCOMMANDS = [_vocab, _cache]
+# -- the gin-configured run subcommands ---------------------------------------------------------
+
+
+def _add_gin_flags(parser) -> None:
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="gin file configuring the run (repeatable), e.g. gin/runs/eval.gin")
+    parser.add_argument("--gin_search_paths", action="append", default=[],
+                        help="directory to look up gin files and their includes in (repeatable)")
+    parser.epilog = ("Gin bindings: --gin.NAME=VALUE (e.g. --gin.evaluate.split=\"'test'\"). "
+                     "Flags override gin bindings of the same argument.")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _lengths(text: str) -> dict[str, int]:
+    """'inputs=512,targets=114' -> {"inputs": 512, "targets": 114}."""
+    try:
+        return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected FEATURE=LENGTH[,FEATURE=LENGTH], e.g. inputs=512,targets=114; got {text!r}"
+        ) from None
+
+
+def _add_decoding_flags(parser) -> None:
+    parser.add_argument("--batch_size", type=int, help="rows per decoding batch (default 32)")
+    parser.add_argument("--method", choices=("greedy", "beam", "sample"),
+                        help="decoding method (default greedy)")
+    parser.add_argument("--beam_size", type=int, help="beam width (default 4; implies --method=beam)")
+    parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
+    parser.add_argument("--max_decode_length", type=int,
+                        help="output tokens to decode (default: the targets length)")
+    parser.add_argument("--mesh_shape", type=_ints,
+                        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; default one device")
+    parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
+    parser.add_argument("--module", dest="modules", action="append",
+                        help="task registration module to import, e.g. t2t.data.tasks.glue")
+
+
+def _run_handler(function_name: str, flag_names: tuple[str, ...]):
+    """A handler that parses gin and calls `t2t.runs.<function_name>` with the given flags."""
+
+    def handler(args) -> None:
+        from t2t import runs
+
+        if args.gin_file or args.gin_bindings:
+            runs.configure(args.gin_file, args.gin_bindings, args.gin_search_paths)
+        kwargs = {name: getattr(args, name) for name in flag_names
+                  if getattr(args, name, None) not in (None, False)}
+        if "beam_size" in kwargs and "method" not in kwargs:
+            kwargs["method"] = "beam"
+        getattr(runs, function_name)(**kwargs)
+
+    return handler
+
+
+_DECODING = ("batch_size", "method", "beam_size", "alpha", "max_decode_length", "mesh_shape",
+             "sharding_mode", "modules")
+
+
+def _eval(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="evaluate checkpoints on seqio tasks; report the best checkpoint per task",
+        description="Run the seqio Evaluator (decode, postprocess, metrics) for the latest, a "
+        "given, or every checkpoint of a model directory. Prints a table per step and the best "
+        "checkpoint per task, writes TensorBoard summaries and <model_dir>/eval/results.json.",
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--tasks", help="task or mixture names, comma-separated")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="evaluate this step (default: the latest)")
+    which.add_argument("--steps", type=_ints, help="evaluate these steps (comma-separated)")
+    which.add_argument("--all_steps", action="store_true", help="evaluate every saved step")
+    parser.add_argument("--split", help="the split to evaluate (default validation)")
+    parser.add_argument("--task_feature_lengths", type=_lengths,
+                        help="cut examples, e.g. inputs=512,targets=114 (default: no cut)")
+    parser.add_argument("--num_examples", type=int, help="at most this many examples per task")
+    parser.add_argument("--output_file", help="results JSON (default <model_dir>/eval/results.json)")
+    parser.add_argument("--log_predictions", action="store_true",
+                        help="write predictions per task and step under <model_dir>/eval")
+    _add_decoding_flags(parser)
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("evaluate", (
+        "model_dir", "tasks", "step", "steps", "all_steps", "split", "task_feature_lengths",
+        "num_examples", "output_file", "log_predictions", *_DECODING)))
+
+
+def _infer(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "infer", help="predict or score a JSONL/TSV file or a task; writes JSONL",
+        description="Decode (or score the targets of) examples from a JSONL file "
+        '({"inputs": ..., "targets"?: ...}), a TSV file (inputs[<TAB>targets]) or a registered '
+        "task or mixture, with one checkpoint or an ensemble (logits averaged), and write "
+        '{"inputs", "prediction"|"score", "target"?} records as JSON lines.',
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--checkpoints", help="ensemble members, comma-separated: steps of "
+                        "--model_dir and/or model directories (DIR or DIR@STEP)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--input_file", help="JSONL or TSV examples")
+    source.add_argument("--task", help="a registered task or mixture")
+    parser.add_argument("--split", help="the task's split (default validation)")
+    parser.add_argument("--output_file", help="the JSONL file to write")
+    parser.add_argument("--mode", choices=("predict", "score"), help="default predict")
+    parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
+    parser.add_argument("--inputs_length", type=int, help="cut inputs to this many tokens")
+    parser.add_argument("--targets_length", type=int, help="cut targets to this many tokens")
+    parser.add_argument("--num_examples", type=int, help="at most this many examples")
+    parser.add_argument("--temperature", type=float, help="sampling temperature")
+    parser.add_argument("--top_k", type=int, help="sampling: keep the k most likely tokens")
+    parser.add_argument("--top_p", type=float, help="sampling: nucleus mass")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    _add_decoding_flags(parser)
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("infer", (
+        "output_file", "model_dir", "step", "checkpoints", "input_file", "task", "split", "mode",
+        "vocabulary_file", "inputs_length", "targets_length", "num_examples", "temperature",
+        "top_k", "top_p", "seed", *_DECODING)))
+
+
+def _export(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export", help="write a HF transformers release directory from a checkpoint",
+        description="Write safetensors weights, config.json, the SentencePiece tokenizer files, "
+        "the run's gin config and a model card, loadable with "
+        "T5ForConditionalGeneration.from_pretrained and T5Tokenizer.from_pretrained.",
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--output_dir", help="the release directory to write")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
+    parser.add_argument("--eval_results", help="results JSON of `t2t eval` for the model card "
+                        "(default <model_dir>/eval/results.json if present)")
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("export", (
+        "model_dir", "output_dir", "step", "vocabulary_file", "eval_results")))
+
+
+def _average(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "average", help="average the parameters of the last N (or given) checkpoints",
+        description="Write the element-wise mean of checkpoints' parameters as a new model "
+        "directory (one checkpoint, parameters only), read one checkpoint at a time.",
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--output_dir", help="the new model directory")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--last", type=int, help="average the last N checkpoints")
+    which.add_argument("--steps", type=_ints, help="average these steps (comma-separated)")
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("average", ("model_dir", "output_dir", "last", "steps")))
+
+
+SUBCOMMANDS = [_vocab, _cache, _eval, _infer, _export, _average]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,12 +252,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separates `--gin.NAME=VALUE` flags (as gin bindings `NAME = VALUE`) from the others."""
+    bindings, rest = [], []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            name, equals, value = arg[len("--gin."):].partition("=")
+            if not equals or not name:
+                raise SystemExit(f"t2t: error: expected --gin.NAME=VALUE, got {arg!r}")
+            bindings.append(f"{name} = {value}")
+        else:
+            rest.append(arg)
+    return bindings, rest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
+    bindings, argv = split_gin_bindings(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    args.gin_bindings = bindings
+    if bindings and not hasattr(args, "gin_file"):
+        print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
+        return 2
     try:
         args.handler(args)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         print(f"t2t {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0
