@@ -126,16 +126,23 @@ def _add_decoding_flags(parser) -> None:
                         help="task registration module to import, e.g. t2t.data.tasks.glue")
 
 
-def _run_handler(function_name: str, flag_names: tuple[str, ...]):
-    """A handler that parses gin and calls `t2t.runs.<function_name>` with the given flags."""
+def _run_handler(function_name: str, flag_names: tuple[str, ...],
+                 exclusive: dict[str, object] | None = None):
+    """A handler that parses gin and calls `t2t.runs.<function_name>` with the flags given.
+
+    Flags left out are not passed, so gin bindings supply them. `exclusive` maps alternative
+    flags to their "unset" values: giving one passes the others unset, so a flag overrides a gin
+    binding of its alternative (e.g. --step over `evaluate.all_steps = True`).
+    """
 
     def handler(args) -> None:
         from t2t import runs
 
-        if args.gin_file or args.gin_bindings:
-            runs.configure(args.gin_file, args.gin_bindings, args.gin_search_paths)
+        runs.configure(args.gin_file, args.gin_bindings, args.gin_search_paths)
         kwargs = {name: getattr(args, name) for name in flag_names
                   if getattr(args, name, None) not in (None, False)}
+        if exclusive and set(exclusive) & set(kwargs):
+            kwargs = {**exclusive, **kwargs}
         if "beam_size" in kwargs and "method" not in kwargs:
             kwargs["method"] = "beam"
         getattr(runs, function_name)(**kwargs)
@@ -171,7 +178,8 @@ def _eval(subparsers) -> None:
     _add_gin_flags(parser)
     parser.set_defaults(handler=_run_handler("evaluate", (
         "model_dir", "tasks", "step", "steps", "all_steps", "split", "task_feature_lengths",
-        "num_examples", "output_file", "log_predictions", *_DECODING)))
+        "num_examples", "output_file", "log_predictions", *_DECODING),
+        exclusive={"step": None, "steps": None, "all_steps": False}))
 
 
 def _infer(subparsers) -> None:
@@ -205,7 +213,7 @@ def _infer(subparsers) -> None:
     parser.set_defaults(handler=_run_handler("infer", (
         "output_file", "model_dir", "step", "checkpoints", "input_file", "task", "split", "mode",
         "vocabulary_file", "inputs_length", "targets_length", "num_examples", "temperature",
-        "top_k", "top_p", "seed", *_DECODING)))
+        "top_k", "top_p", "seed", *_DECODING), exclusive={"input_file": None, "task": None}))
 
 
 def _export(subparsers) -> None:
@@ -238,7 +246,8 @@ def _average(subparsers) -> None:
     which.add_argument("--last", type=int, help="average the last N checkpoints")
     which.add_argument("--steps", type=_ints, help="average these steps (comma-separated)")
     _add_gin_flags(parser)
-    parser.set_defaults(handler=_run_handler("average", ("model_dir", "output_dir", "last", "steps")))
+    parser.set_defaults(handler=_run_handler("average", ("model_dir", "output_dir", "last", "steps"),
+                                             exclusive={"last": None, "steps": None}))
 
 
 SUBCOMMANDS = [_vocab, _cache, _eval, _infer, _export, _average]

@@ -69,7 +69,8 @@ def import_task_modules(modules: Sequence[str] = (), names: Sequence[str] = ()) 
 
 def _require(value: Any, flag: str, binding: str) -> Any:
     if value is None:
-        raise ValueError(f"Missing {flag} (or the gin binding {binding}).")
+        raise ValueError(f"Missing {flag}: pass the flag, or bind {binding} in gin (the files "
+                         "in gin/runs/ take it from a macro, e.g. --gin.MODEL_DIR=\"'/path'\").")
     return value
 
 

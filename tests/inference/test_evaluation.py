@@ -92,8 +92,10 @@ def test_evaluator_returns_flat_task_metrics(setup, vocabulary):
 
 def test_eval_over_a_model_dir_picks_the_best_checkpoint_per_task(setup, capsys):
     model_dir = setup[2]
-    code = cli.main(["eval", f"--model_dir={model_dir}", f"--tasks={','.join(TASKS)}",
-                     "--all_steps", "--batch_size=4", f"--max_decode_length={LENGTH}"])
+    # gin/runs/eval.gin evaluates every checkpoint; flags override its other bindings.
+    code = cli.main(["eval", "--gin_file=gin/runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                     f"--gin.t2t.runs.evaluate.tasks={list(TASKS)!r}", "--batch_size=4",
+                     f"--max_decode_length={LENGTH}"])
     assert code == 0
     with open(os.path.join(model_dir, "eval", evaluation.RESULTS_FILE)) as f:
         results = json.load(f)
@@ -146,3 +148,11 @@ def test_glue_average_of_best_checkpoints():
     assert report["tasks"]["glue_cola"]["best_step"] == 2
     # metrics.glue_average's worked example: (40 + 80 + 85 + 80 * 5) / 8.
     assert report["averages"] == {"glue": pytest.approx(75.625)}
+
+
+@pytest.mark.parametrize("gin_flags", [[], ["--gin_file=gin/runs/eval.gin"]])
+def test_eval_step_flag_overrides_gin_and_explains_a_missing_step(setup, capsys, gin_flags):
+    code = cli.main(["eval", *gin_flags, f"--model_dir={setup[2]}", f"--tasks={TASKS[0]}",
+                     "--step=150"])
+    assert code == 2
+    assert "no checkpoint of step 150; saved steps: [100, 200, 300]" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import seqio
 
-from t2t import inference, models
+from t2t import cli, inference, models
 
 from .conftest import uncached_greedy, write_model_dir
 
@@ -52,10 +52,12 @@ def test_infer_jsonl_writes_inputs_predictions_and_targets(model_dir, model, par
                                                            vocabulary, tmp_path):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write_jsonl(source)
-    count = inference.infer(str(output), model_dir=model_dir, input_file=str(source),
-                            batch_size=2, max_decode_length=LENGTH)  # the latest step: params_b
+    code = cli.main(["infer", "--gin_file=gin/runs/infer.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                     f"--input_file={source}", f"--output_file={output}", "--batch_size=2",
+                     f"--max_decode_length={LENGTH}"])  # the latest step: params_b
+    assert code == 0
     records = [json.loads(line) for line in output.read_text().splitlines()]
-    assert count == len(records) == len(TEXTS)
+    assert len(records) == len(TEXTS)
     expected = uncached_greedy(model, [params_b], _input_ids(vocabulary), LENGTH)
     for record, (text, target), tokens in zip(records, TEXTS, expected):
         assert record == {"inputs": text, "target": target,

@@ -51,7 +51,8 @@ def released(tmp_path_factory, config, vocabulary_file):
                                                  "metrics": {"accuracy": 61.5}}},
                             "averages": {}}}, f)
     output = str(root / "t2t-tiny-release")
-    assert cli.main(["export", f"--model_dir={model_dir}", f"--output_dir={output}"]) == 0
+    assert cli.main(["export", "--gin_file=gin/runs/export.gin", f"--gin.MODEL_DIR='{model_dir}'",
+                     f"--output_dir={output}"]) == 0
     return output, params
 
 
