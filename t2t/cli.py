@@ -115,12 +115,14 @@ def _add_decoding_flags(parser) -> None:
     parser.add_argument("--batch_size", type=int, help="rows per decoding batch (default 32)")
     parser.add_argument("--method", choices=("greedy", "beam", "sample"),
                         help="decoding method (default greedy)")
-    parser.add_argument("--beam_size", type=int, help="beam width (default 4; implies --method=beam)")
+    parser.add_argument("--beam_size", type=int,
+                        help="beam width (default 4; implies --method=beam)")
     parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
     parser.add_argument("--max_decode_length", type=int,
                         help="output tokens to decode (default: the targets length)")
     parser.add_argument("--mesh_shape", type=_ints,
-                        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; default one device")
+                        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; "
+                        "default one device")
     parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
     parser.add_argument("--module", dest="modules", action="append",
                         help="task registration module to import, e.g. t2t.data.tasks.glue")
@@ -171,7 +173,8 @@ def _eval(subparsers) -> None:
     parser.add_argument("--task_feature_lengths", type=_lengths,
                         help="cut examples, e.g. inputs=512,targets=114 (default: no cut)")
     parser.add_argument("--num_examples", type=int, help="at most this many examples per task")
-    parser.add_argument("--output_file", help="results JSON (default <model_dir>/eval/results.json)")
+    parser.add_argument("--output_file",
+                        help="results JSON (default <model_dir>/eval/results.json)")
     parser.add_argument("--log_predictions", action="store_true",
                         help="write predictions per task and step under <model_dir>/eval")
     _add_decoding_flags(parser)
@@ -246,8 +249,9 @@ def _average(subparsers) -> None:
     which.add_argument("--last", type=int, help="average the last N checkpoints")
     which.add_argument("--steps", type=_ints, help="average these steps (comma-separated)")
     _add_gin_flags(parser)
-    parser.set_defaults(handler=_run_handler("average", ("model_dir", "output_dir", "last", "steps"),
-                                             exclusive={"last": None, "steps": None}))
+    parser.set_defaults(handler=_run_handler(
+        "average", ("model_dir", "output_dir", "last", "steps"),
+        exclusive={"last": None, "steps": None}))
 
 
 SUBCOMMANDS = [_vocab, _cache, _eval, _infer, _export, _average]

@@ -80,7 +80,8 @@ class Evaluator:
         from t2t.data import tf_setup
 
         tf_setup.hide_accelerators_from_tensorflow()
-        names = [mixtures_or_tasks] if isinstance(mixtures_or_tasks, str) else list(mixtures_or_tasks)
+        names = ([mixtures_or_tasks] if isinstance(mixtures_or_tasks, str)
+                 else list(mixtures_or_tasks))
         if not names:
             raise ValueError("Expected at least one task or mixture name to evaluate.")
         if log_predictions and not log_dir:
@@ -285,10 +286,12 @@ def format_best(best: Mapping[str, Any]) -> str:
     """The `best_checkpoints` report as a table: task, best step, score, metrics there."""
     rows = best["tasks"]
     width = max([len(t) for t in rows] + [4])
-    lines = [f"best checkpoint per task", f"  {'task':<{width}}  {'step':>8}  {'score':>7}  metrics"]
+    lines = ["best checkpoint per task",
+             f"  {'task':<{width}}  {'step':>8}  {'score':>7}  metrics"]
     for task, report in rows.items():
         cells = "  ".join(f"{m} {v:.2f}" for m, v in report["metrics"].items())
-        lines.append(f"  {task:<{width}}  {report['best_step']:>8}  {report['score']:>7.2f}  {cells}")
+        step, score = report["best_step"], report["score"]
+        lines.append(f"  {task:<{width}}  {step:>8}  {score:>7.2f}  {cells}")
     for name, value in best["averages"].items():
         lines.append(f"  {name} average of the best checkpoints: {value:.2f}")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Batched prediction and scoring of tasks, mixtures and files of examples, single models or ensembles.
+"""Batched prediction and scoring of tasks, mixtures and files of examples; models or ensembles.
 
 A `Predictor` runs a model wrapper's `predict_batch` (greedy, beam or sampling) and `score_batch`
 over any number of examples in fixed-size batches, so each function compiles once; the last
@@ -248,7 +248,8 @@ def _parse_jsonl_line(line: str, where: str) -> dict[str, str]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{where}: not a JSON object ({error}).") from None
     if not isinstance(record, dict) or not isinstance(record.get("inputs"), str):
-        raise ValueError(f'{where}: expected {{"inputs": "...", "targets"?: "..."}}, got {line[:80]}.')
+        raise ValueError(
+            f'{where}: expected {{"inputs": "...", "targets"?: "..."}}, got {line[:80]}.')
     example = {"inputs": record["inputs"]}
     if record.get("targets") is not None:
         if not isinstance(record["targets"], str):
@@ -459,60 +460,7 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be 'predict' or 'score', got {mode!r}.")
 
 
-# -- checkpoints and the whole run --------------------------------------------------------------
-
-
-def load_members(
-    model_dir: str | None, checkpoints: Sequence[str | int] = (), *, step: int | None = None,
-    partitioner: Any = None,
-):
-    """The model wrapper and parameters of one checkpoint or of an ensemble.
-
-    Args:
-      model_dir: the model directory (its `step`, default the latest, when no `checkpoints`).
-      checkpoints: ensemble members, each a step of `model_dir` (`1000`) or another model
-        directory, optionally with a step (`/runs/b` or `/runs/b@1000`).
-      step: the step of `model_dir` for a single checkpoint.
-      partitioner: restore into its shards.
-
-    Returns:
-      `(loaded, params)`: the first member's `model_dir.Loaded` (model wrapper, metadata) and
-      its params, or a tuple of every member's params.
-
-    Raises:
-      ValueError: members of different networks, or nothing to load.
-    """
-    from t2t.checkpoints import model_dir as model_dir_lib
-
-    if not checkpoints:
-        if model_dir is None:
-            raise ValueError("Pass model_dir (and optionally step), or checkpoints.")
-        loaded = model_dir_lib.ModelDir(model_dir).load(step, partitioner=partitioner)
-        return loaded, loaded.params
-    members = []
-    for spec in checkpoints:
-        path, member_step = _parse_member(spec, model_dir)
-        members.append(model_dir_lib.ModelDir(path).load(member_step, partitioner=partitioner))
-    for member, spec in zip(members[1:], checkpoints[1:]):
-        if member.model.config != members[0].model.config:
-            raise ValueError(
-                f"Ensemble member {spec!r} is a different network from {checkpoints[0]!r} "
-                "(configs differ); an ensemble averages the logits of one architecture and "
-                "vocabulary."
-            )
-    return members[0], tuple(m.params for m in members)
-
-
-def _parse_member(spec: str | int, model_dir: str | None) -> tuple[str, int | None]:
-    text = str(spec).strip()
-    if text.isdigit():
-        if model_dir is None:
-            raise ValueError(f"Ensemble member {spec!r} is a step; pass model_dir too.")
-        return model_dir, int(text)
-    path, _, step = text.rpartition("@") if "@" in text else (text, "", "")
-    if step and not step.isdigit():
-        raise ValueError(f"Ensemble member {spec!r}: expected DIR or DIR@STEP or STEP.")
-    return path, int(step) if step else None
+# -- the whole run --------------------------------------------------------------------------------
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> int:
@@ -568,18 +516,21 @@ def infer(
     Returns:
       The number of records written.
     """
+    from t2t.checkpoints import model_dir as model_dir_lib
     from t2t.data import vocab
 
     _check_mode(mode)
     if (input_file is None) == (task is None):
         raise ValueError("Pass exactly one of input_file (JSONL/TSV) and task (a task or mixture).")
-    loaded, params = load_members(model_dir, checkpoints, step=step, partitioner=partitioner)
+    loaded, params = model_dir_lib.load_members(model_dir, checkpoints, step=step,
+                                                partitioner=partitioner)
     predictor = Predictor(loaded.model, partitioner=partitioner, **predictor_options)
     if task is not None:
         lengths = None
         if inputs_length or targets_length:
             if not (inputs_length and targets_length):
-                raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")
+                raise ValueError(
+                    "Pass both inputs_length and targets_length for a task, or neither.")
             lengths = {"inputs": inputs_length, "targets": targets_length}
         records = task_records(predictor, params, task, mode=mode, split=split, lengths=lengths,
                                num_examples=num_examples)
@@ -599,5 +550,5 @@ def infer(
 def _checkpoint_vocabulary(loaded, model_dir, checkpoints) -> seqio.Vocabulary:
     from t2t.checkpoints import model_dir as model_dir_lib
 
-    path = model_dir or _parse_member(checkpoints[0], model_dir)[0]
+    path = model_dir or model_dir_lib.parse_member(checkpoints[0], model_dir)[0]
     return model_dir_lib.ModelDir(path).vocabulary(loaded.step)

@@ -86,7 +86,8 @@ def export(
     results = _read_results(eval_results or os.path.join(directory.path, "eval", "results.json"),
                             required=eval_results is not None)
     card = model_card(config, metadata, num_params=_count(pure), results=results,
-                      has_gin=gin_config is not None, name=os.path.basename(os.path.abspath(output_dir)))
+                      has_gin=gin_config is not None,
+                      name=os.path.basename(os.path.abspath(output_dir)))
     with open(os.path.join(output_dir, CARD_FILE), "w") as f:
         f.write(card)
     return output_dir
@@ -187,12 +188,15 @@ def model_card(
         "|---|---|",
         f"| architecture | encoder-decoder, {_layout(config)} |",
         f"| parameters | {num_params:,} |",
-        f"| layers (encoder / decoder) | {config.num_encoder_layers} / {config.num_decoder_layers} |",
-        f"| d_model / d_ff / d_kv / heads | {config.d_model} / {config.d_ff} / {config.d_kv} / {config.num_heads} |",
+        f"| layers (encoder / decoder) | {config.num_encoder_layers} / "
+        f"{config.num_decoder_layers} |",
+        f"| d_model / d_ff / d_kv / heads | {config.d_model} / {config.d_ff} / {config.d_kv} / "
+        f"{config.num_heads} |",
         f"| feed-forward activations | {', '.join(config.mlp_activations)} |",
         f"| logits via the embedding | {config.logits_via_embedding} |",
         f"| vocabulary (embedding rows) | {config.vocab_size} |",
-        f"| relative position buckets / max distance | {config.relative_attention_num_buckets} / {config.relative_attention_max_distance} |",
+        f"| relative position buckets / max distance | {config.relative_attention_num_buckets} "
+        f"/ {config.relative_attention_max_distance} |",
         "",
         "## Training",
         "",

@@ -9,6 +9,8 @@ into the shards of a `t2t.partitioning.Partitioner`. This module is that one sha
     model_dir = ModelDir("/runs/t5_small")
     loaded = model_dir.load()                      # the latest step
     tokens = loaded.model.predict_batch(loaded.params, batch)
+
+`load_members` loads several checkpoints (steps of one run, or other runs) as an ensemble.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import seqio
@@ -153,3 +156,59 @@ class ModelDir:
         config = self.config(step)
         params, metadata = self.restore_params(step, config=config, partitioner=partitioner)
         return Loaded(step, models.model_for(config, **model_kwargs), params, metadata)
+
+
+def load_members(
+    model_dir: str | None, checkpoints: Sequence[str | int] = (), *, step: int | None = None,
+    partitioner: Any = None,
+) -> tuple[Loaded, nnx.State | tuple[nnx.State, ...]]:
+    """The model wrapper and parameters of one checkpoint or of an ensemble.
+
+    Args:
+      model_dir: the model directory (its `step`, default the latest, when no `checkpoints`).
+      checkpoints: ensemble members, each a step of `model_dir` (`1000`) or another model
+        directory, optionally with a step (`/runs/b` or `/runs/b@1000`).
+      step: the step of `model_dir` for a single checkpoint.
+      partitioner: restore into its shards.
+
+    Returns:
+      `(loaded, params)`: the first member's `Loaded` (model wrapper, metadata) and
+      its params, or a tuple of every member's params.
+
+    Raises:
+      ValueError: members of different networks, or nothing to load.
+    """
+    if not checkpoints:
+        if model_dir is None:
+            raise ValueError("Pass model_dir (and optionally step), or checkpoints.")
+        loaded = ModelDir(model_dir).load(step, partitioner=partitioner)
+        return loaded, loaded.params
+    members = []
+    for spec in checkpoints:
+        path, member_step = parse_member(spec, model_dir)
+        members.append(ModelDir(path).load(member_step, partitioner=partitioner))
+    for member, spec in zip(members[1:], checkpoints[1:]):
+        if member.model.config != members[0].model.config:
+            raise ValueError(
+                f"Ensemble member {spec!r} is a different network from {checkpoints[0]!r} "
+                "(configs differ); an ensemble averages the logits of one architecture and "
+                "vocabulary."
+            )
+    return members[0], tuple(m.params for m in members)
+
+
+def parse_member(spec: str | int, model_dir: str | None) -> tuple[str, int | None]:
+    """An ensemble member spec -> (model directory, step or None for the latest).
+
+    Example: "2000" -> (model_dir, 2000); "/runs/b@3000" -> ("/runs/b", 3000); "/runs/b" ->
+    ("/runs/b", None).
+    """
+    text = str(spec).strip()
+    if text.isdigit():
+        if model_dir is None:
+            raise ValueError(f"Ensemble member {spec!r} is a step; pass model_dir too.")
+        return model_dir, int(text)
+    path, _, step = text.rpartition("@") if "@" in text else (text, "", "")
+    if step and not step.isdigit():
+        raise ValueError(f"Ensemble member {spec!r}: expected DIR or DIR@STEP or STEP.")
+    return path, int(step) if step else None

@@ -56,7 +56,8 @@ def random_params(config, seed):
     return jax.tree_util.tree_map_with_path(leaf, abstract)
 
 
-def write_model_dir(path, config, params_by_step, vocabulary_file, *, task="builtin_span_corruption"):
+def write_model_dir(path, config, params_by_step, vocabulary_file, *,
+                    task="builtin_span_corruption"):
     """A model directory as `t2t train` leaves it: checkpoints with the brief's metadata keys,
     config.gin and model_config.json."""
     import dataclasses

@@ -142,7 +142,8 @@ def test_glue_average_of_best_checkpoints():
         for name in names:
             history[1][f"glue_{task}/{name}"] = 80.0
             history[2][f"glue_{task}/{name}"] = 70.0
-    history[1]["glue_cola/matthews_corrcoef"], history[2]["glue_cola/matthews_corrcoef"] = 30.0, 40.0
+    history[1]["glue_cola/matthews_corrcoef"] = 30.0
+    history[2]["glue_cola/matthews_corrcoef"] = 40.0
     history[1]["glue_mrpc/f1"] = 90.0
     report = evaluation.best_checkpoints(history)
     assert report["tasks"]["glue_cola"]["best_step"] == 2

@@ -10,6 +10,7 @@ import pytest
 import seqio
 
 from t2t import cli, inference, models
+from t2t.checkpoints import model_dir as model_dir_lib
 
 from .conftest import uncached_greedy, write_model_dir
 
@@ -114,13 +115,16 @@ def test_ensemble_of_two_averages_logits(predictor, model, params_a, params_b, v
 
 
 def test_ensemble_members_from_model_dir_steps(model_dir, params_a, params_b):
-    loaded, params = inference.load_members(model_dir, ["10", "20"])
+    loaded, params = model_dir_lib.load_members(model_dir, ["10", "20"])
     assert loaded.step == 10 and len(params) == 2
     np.testing.assert_array_equal(
         params[1].to_pure_dict()["decoder"]["logits_dense"]["kernel"],
         params_b.to_pure_dict()["decoder"]["logits_dense"]["kernel"])
-    loaded, params = inference.load_members(None, [f"{model_dir}@10"])
+    loaded, params = model_dir_lib.load_members(None, [f"{model_dir}@10"])
     assert loaded.step == 10
+    assert model_dir_lib.parse_member("/runs/b", None) == ("/runs/b", None)
+    with pytest.raises(ValueError, match="is a step; pass model_dir"):
+        model_dir_lib.load_members(None, ["10"])
 
 
 def test_task_records_carry_task_inputs_targets(predictor, model, params_a, vocabulary, tmp_path):
