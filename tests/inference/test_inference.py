@@ -165,3 +165,18 @@ def test_malformed_input_files_name_the_line(tmp_path, content, match):
     path.write_text(content)
     with pytest.raises(ValueError, match=match):
         inference.read_examples(str(path))
+
+
+def test_sharded_prediction_equals_single_device(model_dir, predictor, vocabulary):
+    from t2t import partitioning
+
+    partitioner = partitioning.make_partitioner(data=-1, model=2)  # 4 x 2 on 8 CPU devices
+    loaded, params = model_dir_lib.load_members(model_dir, step=10, partitioner=partitioner)
+    kernel = params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+    assert len(kernel.sharding.device_set) == 8  # restored straight into the mesh
+    sharded = inference.Predictor(loaded.model, batch_size=4, max_decode_length=LENGTH,
+                                  partitioner=partitioner)
+    examples = [{"inputs": text} for text, _ in TEXTS]
+    single, _ = model_dir_lib.load_members(model_dir, step=10)
+    assert (inference.predict_examples(sharded, params, vocabulary, examples)
+            == inference.predict_examples(predictor, single.params, vocabulary, examples))
