@@ -85,29 +85,191 @@ def _cache(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-def add_gin_flags(parser) -> None:
+# -- the gin-configured run subcommands ---------------------------------------------------------
+
+
+def _add_gin_flags(parser) -> None:
     """--gin_file, --gin_search_paths and --import; `--gin.NAME=VALUE` is gathered by `main`."""
-    parser.add_argument("--gin_file", action="append", default=[], required=True,
-                        help="a gin file (repeatable, parsed in order), e.g. "
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="gin file configuring the run (repeatable, parsed in order), e.g. "
                         "gin/experiments/tiny_builtin_demo.gin")
-    parser.add_argument("--gin_search_paths", default="",
-                        help="comma-separated directories to find gin files and includes in "
-                        "(the checkout's gin/ is always searched)")
+    parser.add_argument("--gin_search_paths", action="append", default=[],
+                        help="directories to look up gin files and their includes in "
+                        "(repeatable or comma-separated; the checkout's gin/ is always searched)")
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         help="a Python module to import first, e.g. one registering your tasks "
                         "(repeatable; gin files may also `import` them)")
+    parser.epilog = ("Gin bindings: --gin.NAME=VALUE (e.g. --gin.MODEL_DIR=\"'/tmp/run'\"). "
+                     "Flags override gin bindings of the same argument.")
 
 
-def configure_gin(args) -> None:
-    """Imports --import modules, then parses the gin files and --gin.NAME=VALUE bindings."""
+def _configure(args) -> None:
+    """Imports the --import modules, then parses the gin files and --gin.NAME=VALUE bindings."""
     import importlib
 
     from t2t import runs
 
     for module in args.imports:
         importlib.import_module(module)
-    paths = [p for p in args.gin_search_paths.split(",") if p]
+    paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
     runs.configure(args.gin_file, args.gin_bindings, paths)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _lengths(text: str) -> dict[str, int]:
+    """'inputs=512,targets=114' -> {"inputs": 512, "targets": 114}."""
+    try:
+        return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected FEATURE=LENGTH[,FEATURE=LENGTH], e.g. inputs=512,targets=114; got {text!r}"
+        ) from None
+
+
+def _add_decoding_flags(parser) -> None:
+    parser.add_argument("--batch_size", type=int, help="rows per decoding batch (default 32)")
+    parser.add_argument("--method", choices=("greedy", "beam", "sample"),
+                        help="decoding method (default greedy)")
+    parser.add_argument("--beam_size", type=int,
+                        help="beam width (default 4; implies --method=beam)")
+    parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
+    parser.add_argument("--max_decode_length", type=int,
+                        help="output tokens to decode (default: the targets length)")
+    parser.add_argument("--mesh_shape", type=_ints,
+                        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; "
+                        "default one device")
+    parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
+    parser.add_argument("--module", dest="modules", action="append",
+                        help="task registration module to import, e.g. t2t.data.tasks.glue")
+
+
+def _run_handler(function_name: str, flag_names: tuple[str, ...],
+                 exclusive: dict[str, object] | None = None):
+    """A handler that parses gin and calls `t2t.runs.<function_name>` with the flags given.
+
+    Flags left out are not passed, so gin bindings supply them. `exclusive` maps alternative
+    flags to their "unset" values: giving one passes the others unset, so a flag overrides a gin
+    binding of its alternative (e.g. --step over `evaluate.all_steps = True`).
+    """
+
+    def handler(args) -> None:
+        from t2t import runs
+
+        _configure(args)
+        kwargs = {name: getattr(args, name) for name in flag_names
+                  if getattr(args, name, None) not in (None, False)}
+        if exclusive and set(exclusive) & set(kwargs):
+            kwargs = {**exclusive, **kwargs}
+        if "beam_size" in kwargs and "method" not in kwargs:
+            kwargs["method"] = "beam"
+        getattr(runs, function_name)(**kwargs)
+
+    return handler
+
+
+_DECODING = ("batch_size", "method", "beam_size", "alpha", "max_decode_length", "mesh_shape",
+             "sharding_mode", "modules")
+
+
+def _eval(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="evaluate checkpoints on seqio tasks; report the best checkpoint per task",
+        description="Run the seqio Evaluator (decode, postprocess, metrics) for the latest, a "
+        "given, or every checkpoint of a model directory. Prints a table per step and the best "
+        "checkpoint per task, writes TensorBoard summaries and <model_dir>/eval/results.json.",
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--tasks", help="task or mixture names, comma-separated")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="evaluate this step (default: the latest)")
+    which.add_argument("--steps", type=_ints, help="evaluate these steps (comma-separated)")
+    which.add_argument("--all_steps", action="store_true", help="evaluate every saved step")
+    parser.add_argument("--split", help="the split to evaluate (default validation)")
+    parser.add_argument("--task_feature_lengths", type=_lengths,
+                        help="cut examples, e.g. inputs=512,targets=114 (default: no cut)")
+    parser.add_argument("--num_examples", type=int, help="at most this many examples per task")
+    parser.add_argument("--output_file",
+                        help="results JSON (default <model_dir>/eval/results.json)")
+    parser.add_argument("--log_predictions", action="store_true",
+                        help="write predictions per task and step under <model_dir>/eval")
+    _add_decoding_flags(parser)
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("evaluate", (
+        "model_dir", "tasks", "step", "steps", "all_steps", "split", "task_feature_lengths",
+        "num_examples", "output_file", "log_predictions", *_DECODING),
+        exclusive={"step": None, "steps": None, "all_steps": False}))
+
+
+def _infer(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "infer", help="predict or score a JSONL/TSV file or a task; writes JSONL",
+        description="Decode (or score the targets of) examples from a JSONL file "
+        '({"inputs": ..., "targets"?: ...}), a TSV file (inputs[<TAB>targets]) or a registered '
+        "task or mixture, with one checkpoint or an ensemble (logits averaged), and write "
+        '{"inputs", "prediction"|"score", "target"?} records as JSON lines.',
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--checkpoints", help="ensemble members, comma-separated: steps of "
+                        "--model_dir and/or model directories (DIR or DIR@STEP)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--input_file", help="JSONL or TSV examples")
+    source.add_argument("--task", help="a registered task or mixture")
+    parser.add_argument("--split", help="the task's split (default validation)")
+    parser.add_argument("--output_file", help="the JSONL file to write")
+    parser.add_argument("--mode", choices=("predict", "score"), help="default predict")
+    parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
+    parser.add_argument("--inputs_length", type=int, help="cut inputs to this many tokens")
+    parser.add_argument("--targets_length", type=int, help="cut targets to this many tokens")
+    parser.add_argument("--num_examples", type=int, help="at most this many examples")
+    parser.add_argument("--temperature", type=float, help="sampling temperature")
+    parser.add_argument("--top_k", type=int, help="sampling: keep the k most likely tokens")
+    parser.add_argument("--top_p", type=float, help="sampling: nucleus mass")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    _add_decoding_flags(parser)
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("infer", (
+        "output_file", "model_dir", "step", "checkpoints", "input_file", "task", "split", "mode",
+        "vocabulary_file", "inputs_length", "targets_length", "num_examples", "temperature",
+        "top_k", "top_p", "seed", *_DECODING), exclusive={"input_file": None, "task": None}))
+
+
+def _export(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export", help="write a HF transformers release directory from a checkpoint",
+        description="Write safetensors weights, config.json, the SentencePiece tokenizer files, "
+        "the run's gin config and a model card, loadable with "
+        "T5ForConditionalGeneration.from_pretrained and T5Tokenizer.from_pretrained.",
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--output_dir", help="the release directory to write")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
+    parser.add_argument("--eval_results", help="results JSON of `t2t eval` for the model card "
+                        "(default <model_dir>/eval/results.json if present)")
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler("export", (
+        "model_dir", "output_dir", "step", "vocabulary_file", "eval_results")))
+
+
+def _average(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "average", help="average the parameters of the last N (or given) checkpoints",
+        description="Write the element-wise mean of checkpoints' parameters as a new model "
+        "directory (one checkpoint, parameters only), read one checkpoint at a time.",
+    )
+    parser.add_argument("--model_dir", help="the run's model directory")
+    parser.add_argument("--output_dir", help="the new model directory")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--last", type=int, help="average the last N checkpoints")
+    which.add_argument("--steps", type=_ints, help="average these steps (comma-separated)")
+    _add_gin_flags(parser)
+    parser.set_defaults(handler=_run_handler(
+        "average", ("model_dir", "output_dir", "last", "steps"),
+        exclusive={"last": None, "steps": None}))
 
 
 def _train(subparsers) -> None:
@@ -119,12 +281,15 @@ def _train(subparsers) -> None:
         "--gin.TRAIN_STEPS=100. --gin.NAME=VALUE binds any gin parameter or macro after the "
         "files; restarting with the same MODEL_DIR resumes from its latest checkpoint.",
     )
-    add_gin_flags(parser)
+    _add_gin_flags(parser)
 
     def handler(args) -> None:
-        configure_gin(args)
         from t2t import runs
 
+        if not args.gin_file:
+            raise ValueError("t2t train needs at least one --gin_file, e.g. "
+                             "--gin_file=gin/experiments/tiny_builtin_demo.gin")
+        _configure(args)
         summary = runs.train()
         first, last = summary["first_loss"], summary["last_loss"]
         if first is not None:
@@ -136,7 +301,7 @@ def _train(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-SUBCOMMANDS = [_vocab, _cache, _train]
+SUBCOMMANDS = [_vocab, _cache, _train, _eval, _infer, _export, _average]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,9 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
     args.gin_bindings = gin_bindings
+    if gin_bindings and not hasattr(args, "gin_file"):
+        print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
+        return 2
     try:
         args.handler(args)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         print(f"t2t {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

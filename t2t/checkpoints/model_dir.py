@@ -1,0 +1,214 @@
+"""Reading a model directory: which checkpoints it holds, their network, vocabulary and weights.
+
+`t2t train` writes a model directory (`checkpoints/<step>/` through `CheckpointManager`,
+`config.gin`, `model_config.json`, TensorBoard logs). Evaluation, inference, averaging and
+release all start from one: they rebuild the network from the checkpoint's `config` metadata,
+the vocabulary from its `vocabulary` metadata, and restore the parameters, optionally straight
+into the shards of a `t2t.partitioning.Partitioner`. This module is that one shared reader.
+
+    model_dir = ModelDir("/runs/t5_small")
+    loaded = model_dir.load()                      # the latest step
+    tokens = loaded.model.predict_batch(loaded.params, batch)
+
+`load_members` loads several checkpoints (steps of one run, or other runs) as an ensemble.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import seqio
+from flax import nnx
+
+from t2t import models
+from t2t import nn as t2t_nn
+from t2t.checkpoints import manager as manager_lib
+
+CONFIG_GIN = "config.gin"
+MODEL_CONFIG_JSON = "model_config.json"
+
+
+@dataclasses.dataclass
+class Loaded:
+    """One restored checkpoint: its step, the model wrapper, the parameters and the metadata."""
+
+    step: int
+    model: models.BaseModel
+    params: nnx.State
+    metadata: dict[str, Any]
+
+
+class ModelDir:
+    """A model directory, opened read-only.
+
+    Attributes:
+      path: the directory.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        checkpoints = os.path.join(self.path, manager_lib.CHECKPOINTS_SUBDIR)
+        if not os.path.isdir(checkpoints):
+            found = sorted(os.listdir(self.path)) if os.path.isdir(self.path) else None
+            raise FileNotFoundError(
+                f"{self.path} is not a t2t model directory: expected {checkpoints}/ with Orbax "
+                f"checkpoints (written by `t2t train`); "
+                + (f"the directory holds {found}." if found is not None else "it does not exist.")
+            )
+        self._manager = manager_lib.CheckpointManager(self.path, read_only=True, async_save=False)
+
+    # -- what is there -------------------------------------------------------------------------
+
+    def steps(self) -> list[int]:
+        """The saved steps, ascending."""
+        return self._manager.all_steps()
+
+    def resolve_step(self, step: int | None) -> int:
+        """`step` itself when saved, the latest step for None; a clear error otherwise."""
+        steps = self.steps()
+        if not steps:
+            raise FileNotFoundError(f"{self.path} holds no checkpoint yet.")
+        if step is None:
+            return steps[-1]
+        if step not in steps:
+            raise ValueError(f"{self.path} has no checkpoint of step {step}; saved steps: {steps}.")
+        return step
+
+    def metadata(self, step: int | None = None) -> dict[str, Any]:
+        """The metadata JSON of `step` (default: the latest), without reading arrays."""
+        return self._manager.read_metadata(self.resolve_step(step))
+
+    def config(self, step: int | None = None) -> t2t_nn.TransformerConfig:
+        """The network config of `step`: its metadata, else `model_config.json`."""
+        metadata = self.metadata(step)
+        if "config" in metadata:
+            return manager_lib.config_from_metadata(metadata)
+        path = os.path.join(self.path, MODEL_CONFIG_JSON)
+        if os.path.exists(path):
+            with open(path) as f:
+                return t2t_nn.TransformerConfig(**json.load(f))
+        return manager_lib.config_from_metadata(metadata)  # raises, explaining what is missing
+
+    def vocabulary_file(self, step: int | None = None) -> tuple[str, int]:
+        """The SentencePiece model file and number of extra ids the checkpoint was trained with."""
+        entry = self.metadata(step).get("vocabulary")
+        if not isinstance(entry, dict) or "sentencepiece_model_file" not in entry:
+            raise ValueError(
+                f"The checkpoint metadata in {self.path} names no vocabulary (expected "
+                "'vocabulary': {'sentencepiece_model_file': PATH, 'extra_ids': 100}); pass the "
+                "vocabulary explicitly (e.g. --vocabulary=PATH)."
+            )
+        path = entry["sentencepiece_model_file"]
+        if not os.path.exists(path) and not path.startswith("gs://"):
+            raise FileNotFoundError(
+                f"The vocabulary {path} recorded in {self.path}'s checkpoint metadata does not "
+                "exist on this machine; pass a copy explicitly (e.g. --vocabulary=PATH)."
+            )
+        return path, int(entry.get("extra_ids", 100))
+
+    def vocabulary(self, step: int | None = None) -> seqio.SentencePieceVocabulary:
+        """The checkpoint's seqio vocabulary."""
+        path, extra_ids = self.vocabulary_file(step)
+        return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+    def gin_config_path(self) -> str | None:
+        """`<model_dir>/config.gin` when the run wrote one."""
+        path = os.path.join(self.path, CONFIG_GIN)
+        return path if os.path.exists(path) else None
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def restore_params(
+        self, step: int | None = None, *, config: t2t_nn.TransformerConfig | None = None,
+        partitioner: Any = None,
+    ) -> tuple[nnx.State, dict[str, Any]]:
+        """The parameters and metadata of `step` (default: the latest).
+
+        Args:
+          step: the step to restore.
+          config: the network config (default: the checkpoint's own).
+          partitioner: a `t2t.partitioning.Partitioner` to restore straight into its shards;
+            None puts every array on the default device.
+        """
+        step = self.resolve_step(step)
+        config = config or self.config(step)
+        build = lambda: t2t_nn.build(config, nnx.Rngs(params=0))  # noqa: E731
+        if partitioner is None:
+            abstract = nnx.split(nnx.eval_shape(build))[1]
+        else:
+            abstract = partitioner.abstract_model(build)[1]
+        restored = self._manager.restore(step, abstract_params=abstract)
+        return restored.params, restored.metadata
+
+    def load(self, step: int | None = None, *, partitioner: Any = None, **model_kwargs) -> Loaded:
+        """The model wrapper and parameters of `step` (default: the latest).
+
+        Args:
+          step: the step to restore.
+          partitioner: see `restore_params`.
+          **model_kwargs: passed to the model wrapper (`models.model_for`).
+        """
+        step = self.resolve_step(step)
+        config = self.config(step)
+        params, metadata = self.restore_params(step, config=config, partitioner=partitioner)
+        return Loaded(step, models.model_for(config, **model_kwargs), params, metadata)
+
+
+def load_members(
+    model_dir: str | None, checkpoints: Sequence[str | int] = (), *, step: int | None = None,
+    partitioner: Any = None,
+) -> tuple[Loaded, nnx.State | tuple[nnx.State, ...]]:
+    """The model wrapper and parameters of one checkpoint or of an ensemble.
+
+    Args:
+      model_dir: the model directory (its `step`, default the latest, when no `checkpoints`).
+      checkpoints: ensemble members, each a step of `model_dir` (`1000`) or another model
+        directory, optionally with a step (`/runs/b` or `/runs/b@1000`).
+      step: the step of `model_dir` for a single checkpoint.
+      partitioner: restore into its shards.
+
+    Returns:
+      `(loaded, params)`: the first member's `Loaded` (model wrapper, metadata) and
+      its params, or a tuple of every member's params.
+
+    Raises:
+      ValueError: members of different networks, or nothing to load.
+    """
+    if not checkpoints:
+        if model_dir is None:
+            raise ValueError("Pass model_dir (and optionally step), or checkpoints.")
+        loaded = ModelDir(model_dir).load(step, partitioner=partitioner)
+        return loaded, loaded.params
+    members = []
+    for spec in checkpoints:
+        path, member_step = parse_member(spec, model_dir)
+        members.append(ModelDir(path).load(member_step, partitioner=partitioner))
+    for member, spec in zip(members[1:], checkpoints[1:]):
+        if member.model.config != members[0].model.config:
+            raise ValueError(
+                f"Ensemble member {spec!r} is a different network from {checkpoints[0]!r} "
+                "(configs differ); an ensemble averages the logits of one architecture and "
+                "vocabulary."
+            )
+    return members[0], tuple(m.params for m in members)
+
+
+def parse_member(spec: str | int, model_dir: str | None) -> tuple[str, int | None]:
+    """An ensemble member spec -> (model directory, step or None for the latest).
+
+    Example: "2000" -> (model_dir, 2000); "/runs/b@3000" -> ("/runs/b", 3000); "/runs/b" ->
+    ("/runs/b", None).
+    """
+    text = str(spec).strip()
+    if text.isdigit():
+        if model_dir is None:
+            raise ValueError(f"Ensemble member {spec!r} is a step; pass model_dir too.")
+        return model_dir, int(text)
+    path, _, step = text.rpartition("@") if "@" in text else (text, "", "")
+    if step and not step.isdigit():
+        raise ValueError(f"Ensemble member {spec!r}: expected DIR or DIR@STEP or STEP.")
+    return path, int(step) if step else None

@@ -1,0 +1,369 @@
+"""seqio evaluation of a model's parameters on tasks, during training and after it.
+
+`Evaluator` wraps one `seqio.Evaluator` per task or mixture name: seqio reads each task's split
+once, converts it with the model's unpacked feature converter (`t2t.inference.feature_converter`)
+and keeps it in memory; every call decodes (greedy or beam, `models.predict_batch`) and scores
+(`models.score_batch`) it in fixed-size batches through one `t2t.inference.Predictor`, so the
+model compiles once, and seqio applies each task's postprocessor and metric functions. A call
+
+    metrics = evaluator(params, step)    # {"glue_cola/matthews_corrcoef": 41.3, ...}
+
+returns flat `task/metric` values (the signature the trainer calls every N steps), writes them
+to TensorBoard (`log_dir`, tags `task/metric`) and prints a table.
+
+The paper reports, for each task, the best validation score over the checkpoints of a run
+(section 3.1.3 and Appendix E). `best_checkpoints` selects it from the metrics of every evaluated
+step, and `evaluate_model_dir` (what `t2t eval` runs) evaluates some or all checkpoints of a model
+directory and writes the per-step metrics and the selection to `<model_dir>/eval/results.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Callable
+
+import numpy as np
+import seqio
+from flax import nnx
+
+from t2t import inference, metrics, models
+
+History = Mapping[int, Mapping[str, float]]
+RESULTS_FILE = "results.json"
+# Metric names (substrings) for which lower is better; every paper metric is higher-better.
+_LOWER_IS_BETTER = ("loss", "perplexity")
+
+
+class Evaluator:
+    """Evaluates parameters on the validation split of tasks and mixtures.
+
+    Attributes:
+      history: step -> the flat metrics of every call so far.
+      task_names: the evaluated tasks (those of the mixtures, with metric functions).
+    """
+
+    def __init__(
+        self,
+        model: models.BaseModel,
+        mixtures_or_tasks: str | Sequence[str],
+        *,
+        split: str = "validation",
+        task_feature_lengths: Mapping[str, int] | None = None,
+        num_examples: int | None = None,
+        log_dir: str | None = None,
+        log_predictions: bool = False,
+        console: Callable[[str], None] | None = print,
+        partitioner: Any = None,
+        **predictor_options,
+    ):
+        """
+        Args:
+          model: the model wrapper.
+          mixtures_or_tasks: a registered task or mixture name, or several.
+          split: the split to evaluate.
+          task_feature_lengths: cut examples to these lengths; None: the longest example (seqio
+            measures them), so no example is truncated.
+          num_examples: evaluate at most this many examples of each task.
+          log_dir: where TensorBoard summaries go (e.g. `<model_dir>/eval`); None: none.
+          log_predictions: also write every task's inputs, targets and predictions per step as
+            JSONL under `log_dir` (seqio's `JSONLogger`).
+          console: where the metrics table is printed (None: nowhere).
+          partitioner: a `t2t.partitioning.Partitioner` whose shards the parameters live in.
+          **predictor_options: `inference.Predictor` options: batch_size, method ("greedy" or
+            "beam"), beam_size, alpha, max_decode_length.
+        """
+        from t2t.data import tf_setup
+
+        tf_setup.hide_accelerators_from_tensorflow()
+        names = ([mixtures_or_tasks] if isinstance(mixtures_or_tasks, str)
+                 else list(mixtures_or_tasks))
+        if not names:
+            raise ValueError("Expected at least one task or mixture name to evaluate.")
+        if log_predictions and not log_dir:
+            raise ValueError("log_predictions writes under log_dir; pass log_dir too.")
+        _check_vocabularies(model, names)
+        self._seqio = seqio.Evaluator(
+            _one_name(names), inference.feature_converter(model), eval_split=split,
+            sequence_length=task_feature_lengths, num_examples=num_examples,
+            logger_cls=(seqio.loggers.JSONLogger,) if log_predictions else (), log_dir=log_dir,
+            async_compute_metrics=False,
+        )
+        self.task_names = [task.name for task in self._seqio.eval_tasks]
+        if not self.task_names:
+            raise ValueError(
+                f"None of {names} has a task with metric functions and a {split!r} split; "
+                "nothing to evaluate."
+            )
+        self.predictor = inference.Predictor(model, partitioner=partitioner, **predictor_options)
+        self.log_dir = log_dir
+        self.console = console
+        self.split = split
+        self.history: dict[int, dict[str, float]] = {}
+        self._writer = None
+
+    def __call__(self, params: nnx.State, step: int) -> dict[str, float]:
+        """Evaluates `params` (the checkpoint of `step`): -> {"task/metric": value}."""
+        params_predict = lambda dataset, *_: self._predict(params, dataset)  # noqa: E731
+        params_score = lambda dataset, *_: self._score(params, dataset)  # noqa: E731
+        flat: dict[str, float] = {}
+        future, _ = self._seqio.evaluate(compute_metrics=True, step=int(step),
+                                         predict_fn=params_predict, score_fn=params_score)
+        for task, values in future.result().items():
+            for name, value in values.items():
+                number = _scalar(value)
+                if number is not None:
+                    flat[f"{task}/{name}"] = number
+        self.history[int(step)] = flat
+        self._write_summaries(flat, int(step))
+        if self.console is not None:
+            self.console(format_table(flat, title=f"eval step {step} ({self.split})"))
+        return flat
+
+    def best(self) -> dict[str, Any]:
+        """`best_checkpoints` over the steps evaluated so far."""
+        return best_checkpoints(self.history)
+
+    def _predict(self, params, dataset) -> list[tuple[int, list[int]]]:
+        indices, examples = _enumerated(dataset)
+        tokens, _ = self.predictor.predict(params, examples)
+        return [(i, t.tolist()) for i, t in zip(indices, tokens)]
+
+    def _score(self, params, dataset) -> list[tuple[int, float]]:
+        indices, examples = _enumerated(dataset)
+        return list(zip(indices, self.predictor.score(params, examples)))
+
+    def _write_summaries(self, flat: Mapping[str, float], step: int) -> None:
+        if not self.log_dir:
+            return
+        import tensorflow as tf
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default():
+            for name, value in flat.items():
+                tf.summary.scalar(name, value, step=step)
+        self._writer.flush()
+
+
+def _one_name(names: Sequence[str]) -> str:
+    """One task or mixture name for seqio: the name itself, or a mixture of the named ones.
+
+    Evaluating everything as one mixture makes seqio pad all tasks to the same lengths, so the
+    model compiles once for all of them.
+    """
+    if len(names) == 1:
+        return names[0]
+    from t2t.data import registry
+
+    tasks = sorted({t.name for n in names
+                    for t in seqio.get_subtasks(registry.get_task_or_mixture(n))})
+    name = "t2t_eval_" + hashlib.sha1(",".join(tasks).encode()).hexdigest()[:12]
+    if name not in seqio.MixtureRegistry.names():
+        seqio.MixtureRegistry.add(name, tasks, default_rate=1.0)
+    return name
+
+
+def _enumerated(dataset) -> tuple[list[int], list[dict[str, np.ndarray]]]:
+    pairs = list(dataset.as_numpy_iterator())
+    return [int(i) for i, _ in pairs], [features for _, features in pairs]
+
+
+def _scalar(value: Any) -> float | None:
+    """A metric value as a float; None for non-scalar values (texts, histograms)."""
+    value = getattr(value, "value", value)  # seqio.metrics.Scalar
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_vocabularies(model: models.BaseModel, names: Sequence[str]) -> None:
+    from t2t.data import registry
+
+    for name in names:
+        for task in seqio.get_subtasks(registry.get_task_or_mixture(name)):
+            for feature_name, feature in task.output_features.items():
+                size = feature.vocabulary.vocab_size
+                if size > model.config.vocab_size:
+                    raise ValueError(
+                        f"Task {task.name}'s {feature_name!r} vocabulary has {size} ids but the "
+                        f"model's embedding only {model.config.vocab_size}; evaluate with the "
+                        "vocabulary the model was trained with."
+                    )
+
+
+# -- reporting -----------------------------------------------------------------------------------
+
+
+def format_table(flat: Mapping[str, float], *, title: str = "") -> str:
+    """A readable table of `task/metric` values, one row per task (tasks sorted)."""
+    by_task: dict[str, list[tuple[str, float]]] = {}
+    for key, value in flat.items():
+        task, _, metric = key.rpartition("/")
+        by_task.setdefault(task, []).append((metric, value))
+    width = max([len(t) for t in by_task] + [4])
+    lines = [title] if title else []
+    lines.append(f"  {'task':<{width}}  metrics")
+    for task in sorted(by_task):
+        cells = "  ".join(f"{m} {v:.2f}" for m, v in sorted(by_task[task]))
+        lines.append(f"  {task:<{width}}  {cells}")
+    return "\n".join(lines)
+
+
+def higher_is_better(metric: str) -> bool:
+    """False for losses and perplexities; True for every metric the paper reports."""
+    return not any(word in metric.lower() for word in _LOWER_IS_BETTER)
+
+
+def best_checkpoints(history: History) -> dict[str, Any]:
+    """The best checkpoint of each task, as the paper reports results (best per task).
+
+    A task's score at a step is the mean of its higher-is-better metrics (the paper averages
+    metric pairs such as MRPC's accuracy and F1); its best step maximizes that score (ties go to
+    the earlier step). Each metric's own best step is reported too, and, when every GLUE or
+    SuperGLUE task is present, the benchmark average of the tasks' best checkpoints.
+
+    Example: history {100: {"a/accuracy": 50, "b/f1": 70}, 200: {"a/accuracy": 60, "b/f1": 65}}
+    -> tasks a: best step 200 (score 60), b: best step 100 (score 70).
+
+    Args:
+      history: step -> {"task/metric": value}.
+
+    Returns:
+      {"tasks": {task: {"best_step", "score", "metrics" (at best_step), "best_per_metric":
+      {metric: {"step", "value"}}}}, "averages": {"glue"?: value, "super_glue"?: value}}.
+    """
+    series: dict[str, dict[str, dict[int, float]]] = {}
+    for step in sorted(history):
+        for key, value in history[step].items():
+            task, _, metric = key.rpartition("/")
+            if task and not math.isnan(value):
+                series.setdefault(task, {}).setdefault(metric, {})[step] = float(value)
+    tasks = {}
+    for task, by_metric in sorted(series.items()):
+        tasks[task] = _best_of_task(by_metric)
+    return {"tasks": tasks, "averages": _benchmark_averages(tasks)}
+
+
+def _best_of_task(by_metric: Mapping[str, Mapping[int, float]]) -> dict[str, Any]:
+    per_metric = {}
+    for metric, values in sorted(by_metric.items()):
+        sign = 1.0 if higher_is_better(metric) else -1.0
+        step = max(sorted(values), key=lambda s: sign * values[s])  # max keeps the first on ties
+        per_metric[metric] = {"step": step, "value": values[step]}
+    ranked = [m for m in by_metric if higher_is_better(m)] or list(by_metric)
+    steps = sorted(set.intersection(*(set(by_metric[m]) for m in ranked)))
+    sign = 1.0 if higher_is_better(ranked[0]) else -1.0
+    score = {s: float(np.mean([by_metric[m][s] for m in ranked])) for s in steps}
+    best = max(steps, key=lambda s: sign * score[s])
+    return {
+        "best_step": best,
+        "score": score[best],
+        "metrics": {m: by_metric[m][best] for m in sorted(by_metric) if best in by_metric[m]},
+        "best_per_metric": per_metric,
+    }
+
+
+def _benchmark_averages(tasks: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    averages = {}
+    for benchmark, prefix, fn in (("glue", "glue_", metrics.glue_average),
+                                  ("super_glue", "super_glue_", metrics.superglue_average)):
+        scores = {t[len(prefix):]: r["metrics"] for t, r in tasks.items() if t.startswith(prefix)}
+        if scores:
+            try:
+                averages[benchmark] = fn(scores)
+            except ValueError:  # not every sub-task was evaluated
+                continue
+    return averages
+
+
+def format_best(best: Mapping[str, Any]) -> str:
+    """The `best_checkpoints` report as a table: task, best step, score, metrics there."""
+    rows = best["tasks"]
+    width = max([len(t) for t in rows] + [4])
+    lines = ["best checkpoint per task",
+             f"  {'task':<{width}}  {'step':>8}  {'score':>7}  metrics"]
+    for task, report in rows.items():
+        cells = "  ".join(f"{m} {v:.2f}" for m, v in report["metrics"].items())
+        step, score = report["best_step"], report["score"]
+        lines.append(f"  {task:<{width}}  {step:>8}  {score:>7.2f}  {cells}")
+    for name, value in best["averages"].items():
+        lines.append(f"  {name} average of the best checkpoints: {value:.2f}")
+    return "\n".join(lines)
+
+
+# -- a model directory ---------------------------------------------------------------------------
+
+
+def evaluate_model_dir(
+    model_dir: str,
+    mixtures_or_tasks: str | Sequence[str],
+    *,
+    steps: Iterable[int] | str | None = None,
+    output_file: str | None = None,
+    partitioner: Any = None,
+    console: Callable[[str], None] | None = print,
+    **evaluator_options,
+) -> dict[str, Any]:
+    """Evaluates checkpoints of a model directory and selects the best per task.
+
+    Args:
+      model_dir: the run's model directory.
+      mixtures_or_tasks: task or mixture names.
+      steps: None for the latest checkpoint, "all" for every saved one, or a list of steps.
+      output_file: where the results JSON goes (default `<model_dir>/eval/results.json`).
+      partitioner: restore and evaluate in its shards.
+      console: where tables are printed.
+      **evaluator_options: `Evaluator` options (split, batch_size, method, ...).
+
+    Returns:
+      {"split", "tasks", "steps": {step: {"task/metric": value}}, "best": best_checkpoints(...)}.
+    """
+    from t2t.checkpoints import model_dir as model_dir_lib
+
+    directory = model_dir_lib.ModelDir(model_dir)
+    if steps == "all":
+        chosen = directory.steps()
+    elif steps is None:
+        chosen = [directory.resolve_step(None)]
+    else:
+        chosen = [directory.resolve_step(int(s)) for s in steps]
+    if not chosen:
+        raise FileNotFoundError(f"{model_dir} holds no checkpoint to evaluate.")
+    config = directory.config(chosen[-1])
+    model = models.model_for(config)
+    log_dir = os.path.join(directory.path, "eval")
+    evaluator = Evaluator(model, mixtures_or_tasks, log_dir=log_dir, partitioner=partitioner,
+                          console=console, **evaluator_options)
+    for step in chosen:
+        if directory.config(step) != config:
+            raise ValueError(f"Checkpoint {step} of {model_dir} has a different network config "
+                             f"from checkpoint {chosen[-1]}; evaluate them separately.")
+        params, _ = directory.restore_params(step, config=config, partitioner=partitioner)
+        evaluator(params, step)
+        del params
+    best = evaluator.best()
+    if console is not None:
+        console(format_best(best))
+    results = {"split": evaluator.split, "tasks": evaluator.task_names,
+               "steps": {str(s): m for s, m in sorted(evaluator.history.items())}, "best": best}
+    _write_json(output_file or os.path.join(log_dir, RESULTS_FILE), results)
+    return results
+
+
+def _write_json(path: str, value: Any) -> None:
+    import jax
+
+    if jax.process_index() != 0:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+    os.replace(temporary, path)
+    logging.info("Wrote evaluation results to %s", path)
