@@ -2,12 +2,40 @@
 
 Eight host CPU devices are requested before JAX initializes, so sharding tests can build real
 meshes (2x4, 8x1) on a machine without accelerators. Tests that do not shard run on device 0.
+The built-in corpus is built once per session (worker) into a temporary cache directory.
 """
 
+import importlib
 import os
+
+import pytest
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(scope="session")
+def builtin_corpus(tmp_path_factory):
+    """The real built-in corpus (text, supervised tasks, vocabulary) in a temporary cache dir."""
+    from t2t.data.builtin import cache
+
+    return cache.get_or_build(str(tmp_path_factory.mktemp("t2t_cache")))
+
+
+@pytest.fixture(scope="session")
+def builtin_vocabulary(builtin_corpus):
+    from t2t.data import vocab
+
+    return vocab.load_vocabulary(builtin_corpus.vocabulary_path)
+
+
+@pytest.fixture(scope="session")
+def builtin_tasks(builtin_corpus):
+    """Registers the built-in tasks on the session's corpus; returns their names."""
+    root = os.path.dirname(os.path.dirname(builtin_corpus.directory))
+    os.environ["T2T_CACHE_DIR"] = root  # importing the module builds into (here: finds) the cache
+    module = importlib.import_module("t2t.data.tasks.builtin")
+    return module.register(root)

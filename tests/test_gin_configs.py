@@ -1,0 +1,136 @@
+"""Every gin file under gin/ parses, finalizes and builds the objects it configures.
+
+Models build their TransformerConfig and model wrapper; objectives name registered tasks with
+their feature lengths; run and experiment files build everything `t2t.runs.train` (or
+evaluate/infer/export) would receive: network config, model, optimizer on a small parameter
+tree, learning-rate schedule. Big presets are built as configs only (no parameters).
+"""
+
+import glob
+import json
+import os
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import seqio
+from flax import nnx
+
+from t2t import models, runs
+from t2t import nn as t2t_nn
+from t2t.checkpoints import hf
+from t2t.nn.config import TransformerConfig
+
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
+FILES = sorted(os.path.relpath(p, GIN_DIR) for p in glob.glob(os.path.join(GIN_DIR, "*/*.gin")))
+TRAIN_FILES = [f for f in FILES if f.startswith(("experiments/", "runs/pretrain", "runs/finetune"))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtin(builtin_tasks):
+    """The gin files import t2t.data.tasks.builtin: point it at the session's built corpus."""
+    return builtin_tasks
+
+
+@pytest.fixture(scope="module")
+def hf_directory(tmp_path_factory):
+    """A tiny HF T5 directory (random weights, written by the exporter) to fine-tune from."""
+    config = t2t_nn.get_preset("tiny", vocab_size=256, d_model=32, d_ff=64, num_heads=2, d_kv=16,
+                               num_encoder_layers=1, num_decoder_layers=1)
+    model = t2t_nn.build(config, nnx.Rngs(params=0))
+    directory = str(tmp_path_factory.mktemp("hf_tiny"))
+    hf.export_hf(directory, config, nnx.state(model, nnx.Param))
+    return directory
+
+
+def _parse(files, bindings=()):
+    runs.configure(files, list(bindings), finalize=True)
+
+
+def test_the_four_kinds_are_all_there():
+    kinds = {f.split("/")[0] for f in FILES}
+    assert kinds >= {"models", "runs", "objectives", "experiments"}
+    presets = {os.path.basename(f)[:-4] for f in FILES if f.startswith("models/")}
+    assert presets >= set(t2t_nn.PRESETS), f"presets without a gin file: {set(t2t_nn.PRESETS) - presets}"
+    runs_ = {os.path.basename(f)[:-4] for f in FILES if f.startswith("runs/")}
+    assert runs_ >= {"pretrain", "finetune", "eval"}
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("models/")])
+def test_model_files_build_their_network(name):
+    _parse([name])
+    config = gin.query_parameter("MODEL_CONFIG/macro.value").scoped_configurable_fn()
+    assert isinstance(config, TransformerConfig)
+    model = models.model_for(config)
+    assert model.config is config
+    bound = gin.get_bindings("t2t.nn.get_preset")
+    overrides = {k: v for k, v in bound.items() if k != "name"}
+    # the named preset, with exactly the fields the file overrides changed
+    assert config == t2t_nn.get_preset(bound["name"]).replace(**overrides)
+    preset = os.path.basename(name)[:-4]
+    if preset in t2t_nn.PRESETS:
+        assert bound["name"] == preset
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("objectives/")])
+def test_objective_files_name_registered_tasks(name):
+    _parse([name])
+    task_name = gin.query_parameter("MIXTURE_OR_TASK/macro.value")
+    lengths = gin.query_parameter("TASK_FEATURE_LENGTHS/macro.value")
+    provider = seqio.get_mixture_or_task(task_name)
+    assert set(lengths) <= set(provider.output_features), (task_name, lengths)
+    assert all(isinstance(v, int) and v > 0 for v in lengths.values())
+
+
+def _train_bindings(name, hf_directory, tmp_path):
+    files = [name] if not name.startswith("runs/pretrain") else ["models/tiny.gin", name]
+    bindings = [f"MODEL_DIR = '{tmp_path}'", f"INIT_CHECKPOINT = '{hf_directory}'"]
+    if name.startswith("runs/"):  # the run files leave the data to an objective or experiment
+        bindings += ["MIXTURE_OR_TASK = 'builtin_package'",
+                     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+                     "import t2t.data.tasks.builtin"]
+    _parse(files, bindings)
+    return gin.get_bindings("t2t.runs.train")
+
+
+@pytest.mark.parametrize("name", TRAIN_FILES)
+def test_train_files_build_model_optimizer_and_schedule(name, hf_directory, tmp_path):
+    bound = _train_bindings(name, hf_directory, tmp_path)
+    assert bound["model_dir"] == str(tmp_path)
+    assert seqio.get_mixture_or_task(bound["mixture_or_task"]) is not None
+    config = bound["model_config"]
+    assert isinstance(config, TransformerConfig)
+    model = bound["model_fn"](config)
+    assert isinstance(model, models.BaseModel)
+
+    rate = bound["learning_rate"]
+    values = [float(rate(s)) for s in (0, 1, 100)] if callable(rate) else [float(rate)]
+    assert all(np.isfinite(v) and v > 0 for v in values), values
+    tx = bound["optimizer"](learning_rate=rate)
+    assert isinstance(tx, optax.GradientTransformation)
+    params = {"kernel": jnp.ones((4, 256)), "bias": jnp.ones((3,))}
+    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    assert jax.tree.structure(updates) == jax.tree.structure(params)
+
+    for evaluator in bound.get("evaluators", ()):
+        assert callable(evaluator)
+    assert bound["train_steps"] > 0 and bound["batch_size"] > 0
+
+
+def test_hf_finetune_takes_the_network_of_the_checkpoint(hf_directory, tmp_path):
+    bound = _train_bindings("experiments/hf_t5_finetune_glue.gin", hf_directory, tmp_path)
+    with open(os.path.join(hf_directory, hf.CONFIG_FILE)) as f:
+        assert bound["model_config"].d_model == json.load(f)["d_model"] == 32
+    assert bound["init_checkpoint"] == hf_directory
+
+
+@pytest.mark.parametrize("name,function", [("runs/eval.gin", "evaluate"),
+                                           ("runs/infer.gin", "infer"),
+                                           ("runs/export.gin", "export")])
+def test_eval_infer_export_files_bind_their_run_function(name, function, tmp_path):
+    _parse([name], [f"MODEL_DIR = '{tmp_path}'"])
+    bound = gin.get_bindings(f"t2t.runs.{function}")
+    assert bound["model_dir"] == str(tmp_path)
