@@ -4,7 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test clean-venv
+DEMO_DIR ?= runs/demo
+
+.PHONY: demo finetune test clean-venv
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -12,8 +14,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,c4]'
 	touch $(STAMP)
 
+# Pretrain the tiny preset with span corruption on the built-in corpus; rerunning resumes
+# from runs/demo (delete it to start over).
 demo: $(STAMP)
-	$(VENV)/bin/t2t demo
+	$(VENV)/bin/t2t train --gin_file=gin/experiments/tiny_builtin_demo.gin \
+	  --gin.MODEL_DIR="'$(DEMO_DIR)'"
+
+# Fine-tune the demo's checkpoint on the built-in task builtin_package; reports its accuracy.
+finetune: $(STAMP)
+	$(VENV)/bin/t2t train --gin_file=gin/experiments/tiny_builtin_finetune.gin \
+	  --gin.INIT_CHECKPOINT="'$(DEMO_DIR)'" --gin.MODEL_DIR="'$(DEMO_DIR)_package'"
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
