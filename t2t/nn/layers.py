@@ -126,7 +126,21 @@ class Dense(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., in] -> [..., out] in the compute dtype."""
         kernel = self.kernel[...].astype(self.dtype)
-        return jnp.dot(x.astype(self.dtype), kernel)
+        return matmul(x.astype(self.dtype), kernel)
+
+
+def matmul(x: jax.Array, kernel: jax.Array, **kwargs) -> jax.Array:
+    """[..., K] x [K, N] -> [..., N], as one 2-D matmul over the flattened leading dimensions.
+
+    NOTE: XLA's CPU backend turns the weight gradient of a matmul with 3-D activations
+    (contracting over both batch and length) into a dot that needs a transposed copy of the
+    output gradient ([B*L, F] -> [F, B*L], recomputing any fused dropout bits in transposed
+    order); flattening first gives a plain transposed-LHS matmul with no copies. The reshapes
+    are free.
+    """
+    flat = x.reshape(-1, x.shape[-1])  # [B * L, K]
+    out = jnp.dot(flat, kernel, **kwargs)  # [B * L, N]
+    return out.reshape(*x.shape[:-1], kernel.shape[-1])
 
 
 class Embed(nnx.Module):
@@ -149,8 +163,9 @@ class Embed(nnx.Module):
     def attend(self, x: jax.Array) -> jax.Array:
         """[B, T, D] -> [B, T, V] float32: dot products with every embedding row."""
         table = self.embedding[...].astype(self.dtype)
-        return jnp.einsum("BTD,VD->BTV", x.astype(self.dtype), table,
-                          preferred_element_type=jnp.float32)
+        flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)  # [B * T, D] (see `matmul`)
+        logits = jnp.einsum("TD,VD->TV", flat, table, preferred_element_type=jnp.float32)
+        return logits.reshape(*x.shape[:-1], table.shape[0])  # [B, T, V]
 
 
 class RMSNorm(nnx.Module):
