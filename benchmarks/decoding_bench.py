@@ -5,18 +5,22 @@ both decode the same weights) decodes 16 inputs of 128 tokens into exactly 64 ou
 (EOS suppressed until then), greedily and with beam search of width 4. Both use float32 and the
 KV cache; torch runs with 2 threads. HF and t2t runs alternate, so a change in machine load hits
 both. Reported: output tokens per second (16 x 64 tokens over the best wall time of the timed
-runs), the t2t / HF throughput ratio of the best and of the median times, and t2t's compile time
-(not included in the throughput).
+runs), the t2t / HF throughput ratio of the best and of the median times, each side's process CPU
+time per run (less sensitive than wall time to other work on the machine), and t2t's compile time
+(not included in the throughput). Every run's times go to `benchmarks/results/decoding.json`.
 
-    python benchmarks/decoding_bench.py [--repeats 3] [--batch 16] [--input-length 128]
+    python benchmarks/decoding_bench.py [--repeats 5] [--batch 16] [--input-length 128]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
+import pathlib
 import statistics
+import sys
 import time
 
 import jax
@@ -25,8 +29,11 @@ import numpy as np
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
-from t2t import models
-from t2t.checkpoints import hf
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from t2t import models  # noqa: E402
+from t2t.checkpoints import hf  # noqa: E402
 
 
 def t5_small_pair(seed: int = 0):
@@ -80,17 +87,35 @@ def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int):
     return run, compile_s
 
 
-def interleaved_times(runners: dict, repeats: int) -> dict[str, list[float]]:
-    """Wall times of each runner, alternating between them so load changes hit both alike."""
+def interleaved_times(runners: dict, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Wall and process CPU times of each runner, alternating so load changes hit both alike."""
     for run in runners.values():
         run()  # Warm-up.
-    times = {name: [] for name in runners}
+    times = {name: {"wall_s": [], "cpu_s": []} for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             run()
-            times[name].append(time.perf_counter() - start)
+            times[name]["wall_s"].append(time.perf_counter() - start)
+            times[name]["cpu_s"].append(time.process_time() - start_cpu)
     return times
+
+
+def summarize(times: dict, output_tokens: int, compile_s: float) -> dict:
+    """Throughputs and t2t / HF ratios from the best and the median wall times."""
+    best = {k: min(v["wall_s"]) for k, v in times.items()}
+    median = {k: statistics.median(v["wall_s"]) for k, v in times.items()}
+    summary = {"output_tokens": output_tokens, "t2t_compile_s": compile_s}
+    for side in times:
+        summary[side] = {
+            "tokens_per_s_best": output_tokens / best[side],
+            "tokens_per_s_median": output_tokens / median[side],
+            "cpu_s_median": statistics.median(times[side]["cpu_s"]),
+            **times[side],
+        }
+    summary["ratio_best"] = best["hf"] / best["t2t"]
+    summary["ratio_median"] = median["hf"] / median["t2t"]
+    return summary
 
 
 def main() -> None:
@@ -100,6 +125,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "decoding.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -109,21 +135,30 @@ def main() -> None:
     inputs[:, -1] = 1  # EOS-terminated, no padding.
     output_tokens = args.batch * args.new_tokens
 
+    report = {"args": vars(args), "jax": jax.__version__, "torch": torch.__version__,
+              "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(), "methods": {}}
     print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
           f"{torch.__version__} ({args.threads} threads), devices {jax.devices()}")
     print(f"{args.batch} inputs x {args.input_length} tokens -> {args.new_tokens} tokens each")
     print(f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'median ratio':>13} "
-          f"{'t2t compile s':>14}")
+          f"{'CPU s HF / t2t':>15} {'t2t compile s':>14}")
     for name, beams in (("greedy", 1), ("beam-4", 4)):
         t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams)
         runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run}
-        times = interleaved_times(runners, args.repeats)
-        best = {k: min(v) for k, v in times.items()}
-        median = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{name:<8} {output_tokens / best['hf']:>9.1f} {output_tokens / best['t2t']:>10.1f} "
-              f"{best['hf'] / best['t2t']:>5.2f}x {median['hf'] / median['t2t']:>12.2f}x "
-              f"{compile_s:>14.1f}", flush=True)
+        result = summarize(interleaved_times(runners, args.repeats), output_tokens, compile_s)
+        result["load_average_after"] = os.getloadavg()
+        report["methods"][name] = result
+        hf_, t2t_ = result["hf"], result["t2t"]
+        print(f"{name:<8} {hf_['tokens_per_s_best']:>9.1f} {t2t_['tokens_per_s_best']:>10.1f} "
+              f"{result['ratio_best']:>5.2f}x {result['ratio_median']:>12.2f}x "
+              f"{hf_['cpu_s_median']:>7.1f} / {t2t_['cpu_s_median']:<5.1f} {compile_s:>14.1f}",
+              flush=True)
+    report["load_average_after"] = os.getloadavg()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
