@@ -316,7 +316,7 @@ def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
     """Separates `--gin.NAME=VALUE` (or `--gin.NAME VALUE`) flags from the others.
 
     Example: ["train", "--gin.MODEL_DIR='/tmp/x'", "--gin_file=a.gin"] ->
-    (["train", "--gin_file=a.gin"], ["MODEL_DIR='/tmp/x'"]).
+    (["train", "--gin_file=a.gin"], ["MODEL_DIR = '/tmp/x'"]).
     """
     rest, bindings = [], []
     items = iter(argv)
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         args.handler(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # bad input: a message, not a traceback
         print(f"t2t {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0
