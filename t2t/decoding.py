@@ -8,7 +8,11 @@ effects.
 
 Cache contract: the cache is a pytree whose every leaf has the batch dimension first. Beam search
 expands a cache to `B * K` rows by repeating each row K times, and reorders it by gathering
-along axis 0, knowing nothing else about it.
+along axis 0, knowing nothing else about it. One exception: leaves under a dict key `SHARED`
+("shared") are per-input constants (e.g. the cross-attention keys and values of the encoded
+inputs). Beam search leaves them at B rows, one copy for the K beams of an input, and
+`tokens_to_logits` must return them unchanged; a model reading them for `B * K` rows takes row
+`r` of the beams from row `r // K` of the shared leaves.
 
 Token conventions (T5_SPEC section 1): decoding starts from token 0 (PAD doubles as the decoder
 start token), EOS is 1, and positions after a sequence's EOS hold 0.
@@ -27,6 +31,8 @@ EOS_ID = 1
 # NOTE: a finite "minus infinity" for masked logits and empty beam slots, so sums and softmax
 # stay finite (no inf - inf = nan).
 NEG_INF = -1.0e7
+# The cache key of per-input entries that beam search does not expand (see the cache contract).
+SHARED = "shared"
 
 Cache = Any
 TokensToLogits = Callable[[jax.Array, Cache], tuple[jax.Array, Cache]]
@@ -311,9 +317,19 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def _is_shared(path) -> bool:
+    return any(isinstance(key, jax.tree_util.DictKey) and key.key == SHARED for key in path)
+
+
 def expand_cache(cache: Cache, beam_size: int) -> Cache:
-    """Repeats each batch row of every leaf K times: [B, ...] -> [B * K, ...] (row b*K + k)."""
-    return jax.tree_util.tree_map(lambda leaf: jnp.repeat(leaf, beam_size, axis=0), cache)
+    """Repeats each batch row of every leaf K times: [B, ...] -> [B * K, ...] (row b*K + k).
+
+    Leaves under a `SHARED` key stay [B, ...]: the K beams of an input read the same row.
+    """
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: leaf if _is_shared(path) else jnp.repeat(leaf, beam_size, axis=0),
+        cache,
+    )
 
 
 def _slots_keeping_parents(parents: jax.Array) -> jax.Array:
@@ -347,9 +363,9 @@ def _copy_cache_rows(old: Cache, new: Cache, sources: jax.Array) -> Cache:
     never overwritten and the copies may run in place, in any order. Only the rows that change
     are copied (typically a fifth of them), instead of gathering the whole cache every step.
 
-    NOTE: a leaf that `tokens_to_logits` returned unchanged (the same traced array, e.g. the
-    cross-attention keys and values) is left as is: every beam of a batch entry holds the same
-    copy since `expand_cache`, and beams only move within their batch entry.
+    NOTE: leaves under a `SHARED` key, and any leaf that `tokens_to_logits` returned unchanged
+    (the same traced array), are left as is: beams only move within their batch entry, which
+    holds one shared copy, or K equal copies since `expand_cache`.
 
     Args:
       old: the cache given to `tokens_to_logits` (to recognize unchanged leaves).
@@ -364,8 +380,12 @@ def _copy_cache_rows(old: Cache, new: Cache, sources: jax.Array) -> Cache:
     targets, origins = targets[order], origins[order]
 
     old_leaves = jax.tree_util.tree_leaves(old)
-    new_leaves, treedef = jax.tree_util.tree_flatten(new)
-    changed = [i for i, leaf in enumerate(new_leaves) if leaf is not old_leaves[i]]
+    paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(new)
+    new_leaves = [leaf for _, leaf in paths_and_leaves]
+    changed = [
+        i for i, (path, leaf) in enumerate(paths_and_leaves)
+        if leaf is not old_leaves[i] and not _is_shared(path)
+    ]
 
     def copy_row(i, leaves):
         return [
@@ -388,7 +408,7 @@ class _BeamState(NamedTuple):
     alive_log_probs: jax.Array  # [B, K] float32: sum of log-probs; NEG_INF for empty slots.
     finished_seqs: jax.Array  # [B, K, T] int32
     finished_scores: jax.Array  # [B, K] float32: length-penalized; NEG_INF for empty slots.
-    cache: Cache  # leaves [B * K, ...]
+    cache: Cache  # leaves [B * K, ...], shared leaves [B, ...]
 
 
 def _take_beams(values: jax.Array, indices: jax.Array) -> jax.Array:
@@ -488,7 +508,8 @@ def beam_search(
 
     Args:
       tokens_to_logits: `(tokens [B * K, 1], cache) -> (logits [B * K, V], cache)`.
-      cache: the initial cache with leaves `[B, ...]`; it is expanded to `[B * K, ...]` here.
+      cache: the initial cache with leaves `[B, ...]`; it is expanded to `[B * K, ...]` here,
+        except the leaves under a `SHARED` key.
       beam_size: K.
       max_decode_length: T.
       alpha: length penalty exponent (>= 0); 0 ranks by log-probability alone.

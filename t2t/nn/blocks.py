@@ -113,6 +113,7 @@ class DecoderLayer(nnx.Module):
         cache: dict[str, jax.Array],
         index: jax.Array,
         self_bias: jax.Array,
+        cross_kv: KV | None = None,
         cross_bias: jax.Array | None = None,
         *,
         shared: EncoderLayer | None = None,
@@ -120,25 +121,40 @@ class DecoderLayer(nnx.Module):
         """One decoding position, deterministic.
 
         Args:
-          x: [B, 1, D], the new token's activations.
-          cache: `self_key`, `self_value` [B, N, S, H] (and `cross_key`, `cross_value`
-            [B, N, L, H] with cross-attention).
-          index: [B] int32, the position of the new token in each row.
-          self_bias: [B, N, 1, S], relative position bias plus the causal mask for the new row.
+          x: [R, 1, D], the new token's activations: R = B rows, or B * K for K beams per input
+            (row r belongs to input r // K).
+          cache: `self_key`, `self_value` [R, N, S, H].
+          index: [R] int32, the position of the new token in each row.
+          self_bias: [R, N, 1, S], relative position bias plus the causal mask for the new row.
+          cross_kv: the encoded inputs' keys and values, each [B, N, L, H] (with cross-attention).
           cross_bias: [B, 1, 1, L] encoder padding bias.
           shared: the encoder layer to borrow from (shared encoder-decoder only).
 
         Returns:
-          [B, 1, D] and the cache with the new key and value written at `index`.
+          [R, 1, D] and the cache with the new key and value written at `index`.
         """
         norm, self_attention, mlp_norm, mlp = self._borrowed(shared)
         y = norm(x)
-        k_new, v_new = self_attention.project_kv(y)  # [B, N, 1, H]
+        k_new, v_new = self_attention.project_kv(y)  # [R, N, 1, H]
         cache = dict(cache)
         cache["self_key"] = attention.write_cache(cache["self_key"], k_new, index)
         cache["self_value"] = attention.write_cache(cache["self_value"], v_new, index)
         x = x + self_attention.attend(y, cache["self_key"], cache["self_value"], self_bias)
         if self.has_cross_attention:
-            cross_kv = (cache["cross_key"], cache["cross_value"])
-            x = self._cross_attend(x, cross_kv, cross_bias, None)
+            x = self._cross_attend_beams(x, cross_kv, cross_bias)
         return x + mlp(mlp_norm(x)), cache
+
+    def _cross_attend_beams(self, x: jax.Array, cross_kv: KV, cross_bias) -> jax.Array:
+        """Cross-attention of [B * K, 1, D] beam rows over their inputs' [B, N, L, H] keys.
+
+        NOTE: the K beams of an input are attended as K query positions over one copy of its
+        keys and values, so a beam search step reads them once per input, not once per beam.
+        """
+        rows, inputs = x.shape[0], cross_kv[0].shape[0]
+        if rows % inputs:
+            raise ValueError(
+                f"Expected the decoding rows ({rows}) to be a multiple of the encoded inputs "
+                f"({inputs}): K beams per input."
+            )
+        beams = x.reshape(inputs, rows // inputs, x.shape[-1])  # [B, K, D]
+        return self._cross_attend(beams, cross_kv, cross_bias, None).reshape(x.shape)

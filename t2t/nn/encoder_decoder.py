@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t2t.decoding import SHARED
 from t2t.nn import layers, masks, stacks
 from t2t.nn.config import TransformerConfig
 
@@ -146,25 +147,28 @@ class EncoderDecoder(nnx.Module):
           max_decode_length: S, the most positions `decode_step` will be called for.
 
         Returns:
-          A dict pytree, every leaf batch-first: `index` [B] int32 (0), `cross_bias` [B, L]
-          float32, and per layer `layers_{i}`: `self_key`/`self_value` [B, N, S, H] (zeros) and
-          `cross_key`/`cross_value` [B, N, L, H].
+          A dict pytree, every leaf batch-first: `index` [B] int32 (0), per layer `layers_{i}`:
+          `self_key`/`self_value` [B, N, S, H] (zeros), and under `shared` (the per-input
+          entries that beam search keeps at B rows, see `t2t.decoding`): `cross_bias` [B, L]
+          float32 and per layer `layers_{i}`: `cross_key`/`cross_value` [B, N, L, H].
         """
         c = self.config
         cache = self.decoder.empty_cache(
             encoded.shape[0], max_decode_length, c.num_heads, c.d_kv, c.compute_dtype
         )
-        cache["cross_bias"] = masks.mask_to_bias(encoder_input_tokens > 0)
+        per_input = {"cross_bias": masks.mask_to_bias(encoder_input_tokens > 0)}
         for i, layer in enumerate(self.decoder.layers):
             k, v = layer.encoder_decoder_attention.project_kv(encoded)
-            cache[f"layers_{i}"].update(cross_key=k, cross_value=v)
+            per_input[f"layers_{i}"] = {"cross_key": k, "cross_value": v}
+        cache[SHARED] = per_input
         return cache
 
     def decode_step(self, decoder_input_tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
         """One token per row at the cache's index; deterministic.
 
         Args:
-          decoder_input_tokens: [B, 1] int, the previous output (0 at the first step).
+          decoder_input_tokens: [B, 1] int, the previous output (0 at the first step); or
+            [B * K, 1] for K beams per input, with the cache's `shared` entries at B rows.
           cache: from `init_cache` or a previous step.
 
         Returns:

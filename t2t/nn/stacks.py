@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t2t.decoding import SHARED
 from t2t.nn import axes, blocks, layers, masks
 from t2t.nn.config import TransformerConfig
 from t2t.nn.relative_position import RelativePositionBias
@@ -141,8 +142,10 @@ class Decoder(nnx.Module):
         """One decoding position for every row.
 
         Args:
-          x: [B, 1, D] the embedded new tokens.
-          cache: `index` [B], `layers_{i}` dicts, and `cross_bias` [B, L] with cross-attention.
+          x: [R, 1, D] the embedded new tokens, R = B rows (or B * K for K beams per input).
+          cache: `index` [R] and `layers_{i}` dicts of R rows; with cross-attention, `shared`
+            holds `cross_bias` [B, L] and `layers_{i}` dicts of the encoded inputs' keys and
+            values, B rows (see `init_cache` of the encoder-decoder).
           embedder: the token embedding (for tied logits).
           shared_layers: encoder layers to borrow from (shared encoder-decoder only).
 
@@ -156,14 +159,19 @@ class Decoder(nnx.Module):
         self_bias = self.relpos_bias(index[:, None], key_positions)
         visible = key_positions[None, :] <= index[:, None]  # [B, S]
         self_bias = self_bias + masks.mask_to_bias(visible[:, None, None, :])
-        cross_bias = cache.get("cross_bias")
-        if cross_bias is not None:
-            cross_bias = cross_bias[:, None, None, :]  # [B, 1, 1, L]
+        per_input = cache.get(SHARED)
+        cross_bias = None
+        if per_input is not None:
+            cross_bias = per_input["cross_bias"][:, None, None, :]  # [B, 1, 1, L]
         new_cache = dict(cache)
         for i, layer in enumerate(self.layers):
             shared = None if shared_layers is None else shared_layers[i]
+            cross_kv = None
+            if per_input is not None:
+                cross_kv = (per_input[f"layers_{i}"]["cross_key"],
+                            per_input[f"layers_{i}"]["cross_value"])
             x, new_cache[f"layers_{i}"] = layer.step(
-                x, cache[f"layers_{i}"], index, self_bias, cross_bias, shared=shared
+                x, cache[f"layers_{i}"], index, self_bias, cross_kv, cross_bias, shared=shared
             )
         new_cache["index"] = index + 1
         return self.logits(x, embedder)[:, 0], new_cache

@@ -121,6 +121,31 @@ def test_beam_search_unfinished_beams_end_at_the_length_limit():
     assert scores[1, 0] == pytest.approx(2 * math.log(0.9) / (7 / 6) ** 0.6, abs=1e-4)
 
 
+def test_beam_search_keeps_shared_cache_entries_at_one_copy_per_input():
+    """Leaves under `decoding.SHARED` stay [B, ...] for the K beams of each input; the search
+    gives the same beams as with the per-input data repeated in every beam's row."""
+    table = jnp.asarray(_table(ROWS))
+    shapes = []
+
+    def tokens_to_logits(tokens, cache):
+        rows = tokens.shape[0]
+        per_input = cache[decoding.SHARED]["row"]  # [B]
+        shapes.append((rows, per_input.shape[0]))
+        row = per_input[jnp.arange(rows) // (rows // per_input.shape[0])]
+        return table[row, tokens[:, 0]], {**cache, "index": cache["index"] + 1}
+
+    cache = {"index": jnp.zeros(2, jnp.int32), decoding.SHARED: {"row": jnp.arange(2)}}
+    expanded = decoding.expand_cache(cache, 2)
+    assert expanded["index"].shape == (4,) and expanded[decoding.SHARED]["row"].shape == (2,)
+    for alpha in (0.0, 1.0):
+        kwargs = dict(beam_size=2, max_decode_length=5, alpha=alpha)
+        shared = decoding.beam_search(tokens_to_logits, cache, **kwargs)
+        repeated = decoding.beam_search(_markov(_table(ROWS)), _cache(2), **kwargs)
+        np.testing.assert_array_equal(shared[0], repeated[0])
+        np.testing.assert_allclose(shared[1], repeated[1], atol=1e-6)
+    assert set(shapes) == {(4, 2)}
+
+
 def _random_tokens_to_logits(seed, vocab=16, batch_size=3):
     """A stub whose logits depend on the whole prefix (a hash of it kept in the cache)."""
     weights = jax.random.normal(jax.random.PRNGKey(seed), (vocab, vocab)) * 3.0

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import t2t.nn as tn
-from t2t import losses
+from t2t import decoding, losses
 from t2t.nn import axes
 
 VOCAB = 300
@@ -82,6 +82,21 @@ def test_cached_decoding_equals_teacher_forcing_encoder_decoder(encdec):
         logits, cache = step(decoder_inputs[:, t:t + 1], cache)
         np.testing.assert_allclose(logits, full[:, t], atol=2e-5)
     np.testing.assert_array_equal(cache["index"], [8, 8, 8])
+
+
+def test_beam_rows_read_one_shared_copy_of_the_cross_attention_cache(encdec):
+    """K beams per input over the `shared` cross-attention entries (B rows) give the logits of
+    a cache whose every leaf, shared entries included, is repeated for every beam."""
+    inputs = random_tokens(0, (3, 11), lengths=[11, 6, 3])
+    cache = encdec.bind("init_cache", max_decode_length=4)(encdec.encode(inputs), inputs)
+    beams = decoding.expand_cache(cache, 2)
+    assert beams[decoding.SHARED]["layers_0"]["cross_key"].shape[0] == 3
+    repeated = jax.tree.map(lambda leaf: jnp.repeat(leaf, 2, axis=0), cache)
+    tokens = random_tokens(5, (6, 4))
+    for t in range(4):
+        got, beams = encdec.decode_step(tokens[:, t:t + 1], beams)
+        want, repeated = encdec.decode_step(tokens[:, t:t + 1], repeated)
+        np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_cached_decoding_after_a_prompt_equals_teacher_forcing_decoder_only(lm):
