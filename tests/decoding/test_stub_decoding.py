@@ -70,6 +70,22 @@ def test_greedy_min_length_suppresses_eos():
     assert np.all(np.asarray(out) != PAD)
 
 
+def test_min_length_suppresses_eos_only_before_it():
+    # Row 0 would end at position 1 (A EOS); with EOS barred there it takes A (0.2) and ends at
+    # position 2. Row 1 ends at position 2 anyway.
+    out = decoding.greedy(_markov(_table(ROWS)), _cache(2), max_decode_length=4, min_length=2)
+    np.testing.assert_array_equal(out, [[A, A, EOS, 0], [A, B, EOS, 0]])
+    # Beam search: the one-token [EOS] of row 0 (its best beam at alpha 0) is barred, so both
+    # beams of row 0 have at least two tokens: A A EOS (0.55 x 0.2 x 0.8) comes first.
+    seqs, scores = decoding.beam_search(
+        _markov(_table(ROWS)), _cache(2), beam_size=2, max_decode_length=4, alpha=0.0,
+        min_length=2,
+    )
+    np.testing.assert_array_equal(seqs[0, 0], [A, A, EOS, 0])
+    np.testing.assert_allclose(scores[0, 0], math.log(0.55 * 0.2 * 0.8), atol=1e-4)
+    assert np.all(np.asarray(seqs)[..., :2] != EOS)
+
+
 def test_greedy_forces_prompt_tokens():
     prompt = jnp.array([[B, A, 0, 0, 0], [0, 0, 0, 0, 0]])
     out = decoding.greedy(
