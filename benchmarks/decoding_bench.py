@@ -7,7 +7,9 @@ KV cache; torch runs with 2 threads. HF and t2t runs alternate, so a change in m
 both. Reported: output tokens per second (16 x 64 tokens over the best wall time of the timed
 runs), the t2t / HF throughput ratio of the best and of the median times, each side's process CPU
 time per run (less sensitive than wall time to other work on the machine), and t2t's compile time
-(not included in the throughput). Every run's times go to `benchmarks/results/decoding.json`.
+(not included in the throughput). Runs producing a single token, interleaved with the others,
+split each side's time into the first token (encoding, cross-attention keys/values, one step) and
+the cost of each further step. Every run's times go to `benchmarks/results/decoding.json`.
 
     python benchmarks/decoding_bench.py [--repeats 5] [--batch 16] [--input-length 128]
 """
@@ -118,6 +120,20 @@ def summarize(times: dict, output_tokens: int, compile_s: float) -> dict:
     return summary
 
 
+def phases(times: dict, first_token_times: dict, new_tokens: int) -> dict:
+    """Median time to the first token and per further step, per side, from the median wall times
+    of full runs and of single-token runs."""
+    result = {}
+    for side in ("hf", "t2t"):
+        full = statistics.median(times[side]["wall_s"])
+        first = statistics.median(first_token_times[side]["wall_s"])
+        result[side] = {"first_token_s": first, "step_ms": (full - first) / (new_tokens - 1) * 1e3,
+                        "first_token_wall_s": first_token_times[side]["wall_s"]}
+    result["first_token_ratio"] = result["hf"]["first_token_s"] / result["t2t"]["first_token_s"]
+    result["step_ratio"] = result["hf"]["step_ms"] / result["t2t"]["step_ms"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
@@ -142,10 +158,17 @@ def main() -> None:
     print(f"{args.batch} inputs x {args.input_length} tokens -> {args.new_tokens} tokens each")
     print(f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'median ratio':>13} "
           f"{'CPU s HF / t2t':>15} {'t2t compile s':>14}")
+    split = {}
     for name, beams in (("greedy", 1), ("beam-4", 4)):
         t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams)
-        runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run}
-        result = summarize(interleaved_times(runners, args.repeats), output_tokens, compile_s)
+        t2t_first, _ = t2t_runner(model, params, inputs, 1, beams)
+        runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run,
+                   "hf_first": hf_runner(torch_model, inputs, 1, beams), "t2t_first": t2t_first}
+        times = interleaved_times(runners, args.repeats)
+        full = {side: times[side] for side in ("hf", "t2t")}
+        first = {side: times[f"{side}_first"] for side in ("hf", "t2t")}
+        result = summarize(full, output_tokens, compile_s)
+        result["phases"] = split[name] = phases(full, first, args.new_tokens)
         result["load_average_after"] = os.getloadavg()
         report["methods"][name] = result
         hf_, t2t_ = result["hf"], result["t2t"]
@@ -153,6 +176,12 @@ def main() -> None:
               f"{result['ratio_best']:>5.2f}x {result['ratio_median']:>12.2f}x "
               f"{hf_['cpu_s_median']:>7.1f} / {t2t_['cpu_s_median']:<5.1f} {compile_s:>14.1f}",
               flush=True)
+    print(f"\n{'method':<8} {'first token s HF / t2t':>23} {'ratio':>6} {'step ms HF / t2t':>17} "
+          f"{'ratio':>6}  (medians)")
+    for name, p in split.items():
+        print(f"{name:<8} {p['hf']['first_token_s']:>11.3f} / {p['t2t']['first_token_s']:<9.3f} "
+              f"{p['first_token_ratio']:>5.2f}x {p['hf']['step_ms']:>8.1f} / {p['t2t']['step_ms']:<6.1f} "
+              f"{p['step_ratio']:>5.2f}x")
     report["load_average_after"] = os.getloadavg()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     out = pathlib.Path(args.out)
