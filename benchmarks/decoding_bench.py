@@ -143,6 +143,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "decoding.json"))
     args = parser.parse_args()
+    if args.new_tokens < 2:
+        parser.error("--new-tokens must be >= 2: the time per step is taken past the first token")
     torch.set_num_threads(args.threads)
 
     torch_model, model, params = t5_small_pair()
@@ -179,8 +181,9 @@ def main() -> None:
     print(f"\n{'method':<8} {'first token s HF / t2t':>23} {'ratio':>6} {'step ms HF / t2t':>17} "
           f"{'ratio':>6}  (medians)")
     for name, p in split.items():
-        print(f"{name:<8} {p['hf']['first_token_s']:>11.3f} / {p['t2t']['first_token_s']:<9.3f} "
-              f"{p['first_token_ratio']:>5.2f}x {p['hf']['step_ms']:>8.1f} / {p['t2t']['step_ms']:<6.1f} "
+        hf_, t2t_ = p["hf"], p["t2t"]
+        print(f"{name:<8} {hf_['first_token_s']:>11.3f} / {t2t_['first_token_s']:<9.3f} "
+              f"{p['first_token_ratio']:>5.2f}x {hf_['step_ms']:>8.1f} / {t2t_['step_ms']:<6.1f} "
               f"{p['step_ratio']:>5.2f}x")
     report["load_average_after"] = os.getloadavg()
     print(f"load average after: {os.getloadavg()[0]:.2f}")
