@@ -10,8 +10,11 @@ time per run (less sensitive than wall time to other work on the machine), and t
 (not included in the throughput). Runs producing a single token, interleaved with the others,
 split each side's time into the first token (encoding, cross-attention keys/values, one step) and
 the cost of each further step. Every run's times go to `benchmarks/results/decoding.json`.
+With `--model-parallel N`, t2t runs on N CPU devices (`jax_num_cpu_devices`, one thread each),
+its weights split by the `tensor_parallel` rules over a 1 x N mesh.
 
     python benchmarks/decoding_bench.py [--repeats 5] [--batch 16] [--input-length 128]
+                                        [--model-parallel 1]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from transformers import T5Config, T5ForConditionalGeneration
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from t2t import models  # noqa: E402
+from t2t import models, partitioning  # noqa: E402
 from t2t.checkpoints import hf  # noqa: E402
 
 
@@ -70,7 +73,7 @@ def hf_runner(torch_model, inputs: np.ndarray, new_tokens: int, beams: int):
     return run
 
 
-def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int):
+def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int, partitioner=None):
     """(a function that runs t2t decoding once, its compile time in seconds)."""
     method = "greedy" if beams == 1 else "beam"
     predict = jax.jit(functools.partial(
@@ -79,7 +82,12 @@ def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int):
     ))
     batch = {"encoder_input_tokens": jnp.asarray(inputs)}
     start = time.perf_counter()
-    compiled = predict.lower(params, batch).compile()
+    if partitioner is None:
+        compiled = predict.lower(params, batch).compile()
+    else:
+        with partitioner.context():
+            batch = jax.device_put(batch, partitioner.replicated)
+            compiled = predict.lower(params, batch).compile()
     compile_s = time.perf_counter() - start
 
     def run():
@@ -141,20 +149,31 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model-parallel", type=int, default=1,
+                        help="split the CPU into this many JAX devices and decode with t2t's "
+                             "tensor-parallel sharding over them (default 1: one device)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "decoding.json"))
     args = parser.parse_args()
     if args.new_tokens < 2:
         parser.error("--new-tokens must be >= 2: the time per step is taken past the first token")
     torch.set_num_threads(args.threads)
+    partitioner = None
+    if args.model_parallel > 1:
+        jax.config.update("jax_num_cpu_devices", args.model_parallel)
+        partitioner = partitioning.make_partitioner(data=1, model=args.model_parallel)
 
     torch_model, model, params = t5_small_pair()
+    if partitioner is not None:
+        with partitioner.context():
+            params = jax.device_put(params, partitioner.shardings(params))
     rng = np.random.default_rng(0)
     inputs = rng.integers(2, 32000, (args.batch, args.input_length)).astype(np.int32)
     inputs[:, -1] = 1  # EOS-terminated, no padding.
     output_tokens = args.batch * args.new_tokens
 
-    report = {"args": vars(args), "jax": jax.__version__, "torch": torch.__version__,
-              "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(), "methods": {}}
+    report = {"args": vars(args), "devices": [str(d) for d in jax.devices()],
+              "jax": jax.__version__, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+              "load_average_before": os.getloadavg(), "methods": {}}
     print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
           f"{torch.__version__} ({args.threads} threads), devices {jax.devices()}")
     print(f"{args.batch} inputs x {args.input_length} tokens -> {args.new_tokens} tokens each")
@@ -162,8 +181,8 @@ def main() -> None:
           f"{'CPU s HF / t2t':>15} {'t2t compile s':>14}")
     split = {}
     for name, beams in (("greedy", 1), ("beam-4", 4)):
-        t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams)
-        t2t_first, _ = t2t_runner(model, params, inputs, 1, beams)
+        t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams, partitioner)
+        t2t_first, _ = t2t_runner(model, params, inputs, 1, beams, partitioner)
         runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run,
                    "hf_first": hf_runner(torch_model, inputs, 1, beams), "t2t_first": t2t_first}
         times = interleaved_times(runners, args.repeats)
