@@ -156,6 +156,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.new_tokens < 2:
         parser.error("--new-tokens must be >= 2: the time per step is taken past the first token")
+    if args.model_parallel < 1:
+        parser.error(f"--model-parallel must be >= 1 (CPU devices), got {args.model_parallel}")
     torch.set_num_threads(args.threads)
     partitioner = None
     if args.model_parallel > 1:
