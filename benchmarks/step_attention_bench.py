@@ -18,10 +18,10 @@ Forms (all compute the same attention; each is checked against the first):
 - `torch matmul`: `torch.matmul` with the keys' transposed view, `--threads` threads (torch's
   waiting threads spin, so its CPU time counts some waiting too).
 
-Runs alternate form by form; medians are reported. JSON goes to
+Runs alternate form by form; medians are reported. JSON goes to `--out`, by default
 `benchmarks/results/step_attention.json`.
 
-    python benchmarks/step_attention_bench.py [--steps 64] [--repeats 8] [--threads 2]
+    python benchmarks/step_attention_bench.py [--keys 128] [--steps 64] [--repeats 8] [--threads 2]
 """
 
 from __future__ import annotations
