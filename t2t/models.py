@@ -161,6 +161,11 @@ class BaseModel:
     def _default_length(self, batch: Batch) -> int:
         raise NotImplementedError
 
+    def _cache_offset(self, batch: Batch) -> int:
+        """Self-attention cache positions before the first decoded one (a prefilled prompt)."""
+        del batch
+        return 0
+
     def predict_batch_with_aux(
         self,
         params: nnx.State | Sequence[nnx.State],
@@ -175,6 +180,7 @@ class BaseModel:
         top_p: float = 1.0,
         rng: jax.Array | None = None,
         min_length: int = 0,
+        first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Decodes a batch; see `predict_batch`. Beam search adds to aux `scores` [B] (the best
         beam's), `beams` [B, K, T] and `beam_scores` [B, K]."""
@@ -185,8 +191,14 @@ class BaseModel:
         tokens_to_logits, cache, start = self._setup_maybe_ensemble(
             params, batch, max_decode_length
         )
+        offset = self._cache_offset(batch)
+
+        def resize_cache(cache, steps: int):
+            return t2t_nn.resize_cache(cache, offset + steps)
+
         common = dict(max_decode_length=max_decode_length, min_length=min_length,
-                      start_tokens=start)
+                      start_tokens=start, resize_cache=resize_cache,
+                      first_cache_length=first_cache_length)
         if method == "greedy":
             return decoding.greedy(tokens_to_logits, cache, **common), {}
         if method == "sample":
@@ -211,7 +223,11 @@ class BaseModel:
             prompt in `decoder_input_tokens` with `decoder_causal_attention` marking it.
           **kwargs: `method` ("greedy", "beam" or "sample"), `max_decode_length` (default: the
             batch's target length), `beam_size`, `alpha` (beam search, defaults 4 and 0.6 as in
-            the paper), `temperature`, `top_k`, `top_p`, `rng` (sampling), `min_length`.
+            the paper), `temperature`, `top_k`, `top_p`, `rng` (sampling), `min_length`, and
+            `first_cache_length` (default 32): decoding longer than this runs in phases of a
+            growing self-attention cache (32, 64, 128, ... positions; see `t2t.decoding`), so
+            a step reads only as many cached positions as its phase needs. The tokens do not
+            change.
         """
         return self.predict_batch_with_aux(params, batch, **kwargs)[0]
 
@@ -339,6 +355,9 @@ class DecoderOnlyModel(BaseModel):
         """[B] P, the number of input tokens (decoder_causal_attention covers P + 1)."""
         _require(batch, ("decoder_input_tokens", "decoder_causal_attention"), "Prompting")
         return jnp.sum(batch["decoder_causal_attention"] > 0, axis=1).astype(jnp.int32) - 1
+
+    def _cache_offset(self, batch: Batch) -> int:
+        return batch["decoder_input_tokens"].shape[1]  # The prefill's width W.
 
     def decoding_setup(self, params, batch, max_decode_length):
         module = self.module(params)

@@ -284,7 +284,9 @@ def _uncached_step(model, params, width):
     return tokens_to_logits
 
 
-def test_decoder_only_prefilled_cache_equals_uncached_decoding(decoder_only):
+# first_cache_length 2: decoding in phases of a growing cache, after the prefilled prompt.
+@pytest.mark.parametrize("first_cache_length", [64, 2])
+def test_decoder_only_prefilled_cache_equals_uncached_decoding(decoder_only, first_cache_length):
     model, params = decoder_only
     prompts = [[5, 6, 1], [9, 10, 11, 12, 13, 14, 1], [2], [20, 21, 22, 23, 1]]
     batch = _prefix_lm_rows(prompts, [])
@@ -294,7 +296,8 @@ def test_decoder_only_prefilled_cache_equals_uncached_decoding(decoder_only):
 
     @jax.jit
     def both(params):
-        cached = model.predict_batch(params, batch, max_decode_length=length)
+        cached = model.predict_batch(params, batch, max_decode_length=length,
+                                     first_cache_length=first_cache_length)
         buffer = jnp.pad(batch["decoder_input_tokens"], ((0, 0), (0, length)))
         cache = {"tokens": buffer, "index": lengths, "prompt_lengths": lengths}
         start = jnp.take_along_axis(buffer, lengths[:, None], axis=1)[:, 0]

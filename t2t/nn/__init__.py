@@ -11,6 +11,7 @@ from t2t.nn.config import ARCHITECTURES, TransformerConfig
 from t2t.nn.decoder_only import DecoderOnly
 from t2t.nn.encoder_decoder import EncoderDecoder
 from t2t.nn.presets import PRESETS, get_preset
+from t2t.nn.stacks import resize_cache
 
 
 def build(config: TransformerConfig, rngs: nnx.Rngs) -> EncoderDecoder | DecoderOnly:
@@ -33,4 +34,5 @@ __all__ = [
     "TransformerConfig",
     "build",
     "get_preset",
+    "resize_cache",
 ]

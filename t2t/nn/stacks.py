@@ -186,3 +186,38 @@ class Decoder(nnx.Module):
                 "self_value": jnp.zeros(shape, dtype),
             }
         return cache
+
+
+_SELF_ATTENTION_CACHES = ("self_key", "self_value")
+
+
+def resize_cache(cache, length: int):
+    """The decoding cache with every self-attention key and value cache holding `length` positions.
+
+    Growing pads zeros at the end: positions not written yet, which the causal mask hides until a
+    step writes them. Shrinking drops positions at the end and is only correct while they are
+    unwritten (decoding shrinks only the fresh cache, before its first step). The index, the
+    per-input entries under `shared` and any other leaf pass unchanged, so this works on an
+    ensemble's tuple of caches and on beam-expanded caches alike.
+
+    Args:
+      cache: a decoding cache (or a pytree of them) from `init_cache`, leaves `self_key` and
+        `self_value` [R, N, S, H].
+      length: the new S.
+
+    Returns:
+      The cache with those leaves [R, N, length, H].
+    """
+    if length < 1:
+        raise ValueError(f"Expected a cache length >= 1, got {length}.")
+
+    def resize(path, leaf):
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        if SHARED in keys or not keys or keys[-1] not in _SELF_ATTENTION_CACHES:
+            return leaf
+        current = leaf.shape[2]
+        if length <= current:
+            return leaf[:, :, :length]
+        return jnp.pad(leaf, ((0, 0), (0, 0), (0, length - current), (0, 0)))
+
+    return jax.tree_util.tree_map_with_path(resize, cache)

@@ -42,8 +42,10 @@ def _encoder_decoder_uncached(model, params, inputs):
     return fn, cache
 
 
+# first_cache_length 3: the model decodes in phases of a growing cache (3, 6, 12 positions).
+@pytest.mark.parametrize("first_cache_length", [64, 3])
 @pytest.mark.parametrize("method", ["greedy", "beam"])
-def test_encoder_decoder_cached_equals_uncached(hf_t5, padded_inputs, method):
+def test_encoder_decoder_cached_equals_uncached(hf_t5, padded_inputs, method, first_cache_length):
     _, model, params = hf_t5
     inputs = jnp.asarray(padded_inputs(6, 10, seed=3))
     kwargs = dict(max_decode_length=DECODE_LENGTH)
@@ -53,7 +55,8 @@ def test_encoder_decoder_cached_equals_uncached(hf_t5, padded_inputs, method):
     @jax.jit
     def both(params):
         cached = model.predict_batch_with_aux(
-            params, {"encoder_input_tokens": inputs}, method=method, **kwargs
+            params, {"encoder_input_tokens": inputs}, method=method,
+            first_cache_length=first_cache_length, **kwargs
         )
         fn, cache = _encoder_decoder_uncached(model, params, inputs)
         if method == "greedy":

@@ -173,6 +173,98 @@ def _random_tokens_to_logits(seed, vocab=16, batch_size=3):
     return tokens_to_logits, {"state": jnp.zeros((batch_size, vocab))}
 
 
+def _history_stub(seed, vocab=16, batch_size=3, eos_from=None, calls=None):
+    """A stub that keeps every token fed so far in a [B, S] `history` cache and reads it all
+    each step, so decoding in phases is only right if resizing keeps what was written.
+
+    Logits are exact in float32 (integer weights, power-of-two decay, integer counts), so a
+    cache padded with empty positions gives bit-identical logits. With `eos_from`, row r ends at position
+    `eos_from + 2 * r`. Records the history length of every traced step in `lengths`.
+    """
+    weights = jnp.round(jax.random.normal(jax.random.PRNGKey(seed), (vocab, vocab)) * 3.0)
+    lengths = []
+
+    def count(index):
+        calls.append(int(index))
+
+    def tokens_to_logits(tokens, cache):
+        lengths.append(cache["history"].shape[1])
+        if calls is not None:
+            jax.debug.callback(count, cache["index"][0])
+        rows, index = jnp.arange(tokens.shape[0]), cache["index"]
+        history = cache["history"].at[rows, index].set(tokens[:, 0] + 1)  # 0 marks empty.
+        decay = 0.5 ** (index[:, None] - jnp.arange(history.shape[1])[None, :])  # [B, S]
+        fed = jax.nn.one_hot(history - 1, vocab)  # [B, S, V], zero rows where empty
+        decayed = fed * jnp.where(history > 0, decay, 0.0)[..., None]
+        # Every token fed so far is penalized by its count, so no token repeats for long.
+        logits = jnp.einsum("bsv,vw->bw", decayed, weights) - 8.0 * fed.sum(axis=1)
+        if eos_from is not None:
+            ends = index >= eos_from + 2 * rows
+            logits = logits.at[:, EOS].add(jnp.where(ends, 1e4, -1e4))
+        return logits, {"history": history, "index": index + 1}
+
+    cache = {"history": jnp.zeros((batch_size, 1), jnp.int32),
+             "index": jnp.zeros(batch_size, jnp.int32)}
+    return tokens_to_logits, cache, lengths
+
+
+def _resize_history(cache, steps):
+    history = cache["history"]
+    if steps <= history.shape[1]:
+        return {**cache, "history": history[:, :steps]}
+    return {**cache, "history": jnp.pad(history, ((0, 0), (0, steps - history.shape[1])))}
+
+
+def test_cache_lengths_double_up_to_the_maximum():
+    assert decoding.cache_lengths(256, decoding.FIRST_CACHE_LENGTH) == (32, 64, 128, 256)
+    assert decoding.cache_lengths(9, 2) == (2, 4, 8, 9)
+    assert decoding.cache_lengths(256, 64) == (64, 128, 256)
+    assert decoding.cache_lengths(64, 64) == (64,)
+    assert decoding.cache_lengths(10, 64) == (10,)
+    with pytest.raises(ValueError, match="first_cache_length >= 1"):
+        decoding.cache_lengths(10, 0)
+
+
+@pytest.mark.parametrize("method", ["greedy", "sample", "beam"])
+def test_decoding_in_phases_of_a_growing_cache_equals_one_phase(method):
+    def run(**kwargs):
+        fn, cache, lengths = _history_stub(4)
+        if method == "greedy":
+            out = decoding.greedy(fn, cache, max_decode_length=9, **kwargs)
+        elif method == "sample":
+            out = decoding.sample(fn, cache, jax.random.PRNGKey(2), max_decode_length=9,
+                                  **kwargs)
+        else:
+            out = decoding.beam_search(fn, cache, beam_size=3, max_decode_length=9, alpha=0.6,
+                                       **kwargs)
+        return out, lengths
+
+    (one, one_lengths), (phased, phased_lengths) = (
+        run(resize_cache=_resize_history, first_cache_length=9),
+        run(resize_cache=_resize_history, first_cache_length=2),
+    )
+    jax.tree.map(np.testing.assert_array_equal, phased, one)
+    assert one_lengths == [9] and phased_lengths == [2, 4, 8, 9]
+    tokens = np.asarray(one if method != "beam" else one[0])
+    assert len(np.unique(tokens)) > 3  # Not a degenerate repeated token.
+
+
+def test_decoding_in_phases_stops_once_every_row_has_ended():
+    outputs, steps = [], []
+    for first in (20, 2):
+        calls = []
+        fn, cache, _ = _history_stub(5, eos_from=2, calls=calls)
+        out = decoding.greedy(fn, cache, max_decode_length=20, resize_cache=_resize_history,
+                              first_cache_length=first)
+        jax.effects_barrier()
+        outputs.append(np.asarray(out))
+        steps.append(calls)
+    np.testing.assert_array_equal(outputs[1], outputs[0])
+    # Rows end at positions 2, 4 and 6: seven steps, in one phase or across phases 2, 4, 8.
+    assert steps[0] == steps[1] == list(range(7))
+    np.testing.assert_array_equal((outputs[0] == EOS).argmax(axis=1), [2, 4, 6])
+
+
 def test_beam_width_one_alpha_zero_is_greedy():
     for seed in range(3):
         fn, cache = _random_tokens_to_logits(seed)

@@ -84,6 +84,30 @@ def test_cached_decoding_equals_teacher_forcing_encoder_decoder(encdec):
     np.testing.assert_array_equal(cache["index"], [8, 8, 8])
 
 
+def test_cached_decoding_in_a_growing_cache_equals_teacher_forcing(encdec):
+    """The self-attention caches resized 2 -> 4 -> 8 positions between steps (as decoding in
+    phases does) give the teacher-forced logits; the index and shared entries are untouched."""
+    inputs = random_tokens(0, (3, 11), lengths=[11, 6, 3])
+    decoder_inputs = random_tokens(1, (3, 8)).at[:, 0].set(0)
+    full = encdec.__call__(inputs, decoder_inputs)
+    cache = encdec.bind("init_cache", max_decode_length=8)(encdec.encode(inputs), inputs)
+    resize = jax.jit(tn.resize_cache, static_argnums=1)
+    small = resize(cache, 2)
+    shape = (3, encdec.config.num_heads, 2, encdec.config.d_kv)
+    assert small["layers_0"]["self_key"].shape == small["layers_1"]["self_value"].shape == shape
+    for unchanged in (lambda c: c[decoding.SHARED], lambda c: c["index"]):
+        jax.tree.map(np.testing.assert_array_equal, unchanged(small), unchanged(cache))
+    cache = small
+    for t in range(8):
+        if t in (2, 4):
+            cache = resize(cache, 2 * t)
+        logits, cache = encdec.decode_step(decoder_inputs[:, t:t + 1], cache)
+        np.testing.assert_allclose(logits, full[:, t], atol=2e-5)
+    assert cache["layers_0"]["self_key"].shape[2] == 8
+    with pytest.raises(ValueError, match="cache length >= 1"):
+        tn.resize_cache(cache, 0)
+
+
 def test_beam_rows_read_one_shared_copy_of_the_cross_attention_cache(encdec):
     """K beams per input over the `shared` cross-attention entries (B rows) give the logits of
     a cache whose every leaf, shared entries included, is repeated for every beam."""
