@@ -142,6 +142,16 @@ def phases(times: dict, first_token_times: dict, new_tokens: int) -> dict:
     return result
 
 
+def write_report(report: dict, path: str) -> None:
+    """Adds the load average after the runs to `report` and writes it as JSON to `path`."""
+    report["load_average_after"] = os.getloadavg()
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
@@ -206,12 +216,7 @@ def main() -> None:
         print(f"{name:<8} {hf_['first_token_s']:>11.3f} / {t2t_['first_token_s']:<9.3f} "
               f"{p['first_token_ratio']:>5.2f}x {hf_['step_ms']:>8.1f} / {t2t_['step_ms']:<6.1f} "
               f"{p['step_ratio']:>5.2f}x")
-    report["load_average_after"] = os.getloadavg()
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":
