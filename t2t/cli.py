@@ -138,6 +138,9 @@ def _add_decoding_flags(parser) -> None:
     parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
     parser.add_argument("--max_decode_length", type=int,
                         help="output tokens to decode (default: the targets length)")
+    parser.add_argument("--first_cache_length", type=int,
+                        help="self-attention cache positions of the first decoding phase; "
+                        "longer decodes grow it in phases (default 32; speed only)")
     parser.add_argument("--mesh_shape", type=_ints,
                         help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; "
                         "default one device")
@@ -159,8 +162,9 @@ def _run_handler(function_name: str, flag_names: tuple[str, ...],
         from t2t import runs
 
         _configure(args)
+        # `is` tests: a flag given as 0 (0 == False) is passed, only unset ones are left out.
         kwargs = {name: getattr(args, name) for name in flag_names
-                  if getattr(args, name, None) not in (None, False)}
+                  if getattr(args, name, None) is not None and getattr(args, name) is not False}
         if exclusive and set(exclusive) & set(kwargs):
             kwargs = {**exclusive, **kwargs}
         if "beam_size" in kwargs and "method" not in kwargs:
@@ -170,8 +174,8 @@ def _run_handler(function_name: str, flag_names: tuple[str, ...],
     return handler
 
 
-_DECODING = ("batch_size", "method", "beam_size", "alpha", "max_decode_length", "mesh_shape",
-             "sharding_mode", "modules")
+_DECODING = ("batch_size", "method", "beam_size", "alpha", "max_decode_length",
+             "first_cache_length", "mesh_shape", "sharding_mode", "modules")
 
 
 def _eval(subparsers) -> None:

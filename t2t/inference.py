@@ -77,6 +77,7 @@ class Predictor:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int = 0,
+        first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
         partitioner: Any = None,
     ):
         """
@@ -87,6 +88,9 @@ class Predictor:
           beam_size, alpha: beam width and GNMT length penalty (paper: 4 and 0.6).
           max_decode_length: output tokens to decode; None: the examples' targets length.
           temperature, top_k, top_p, seed: sampling (`method="sample"`).
+          first_cache_length: the self-attention cache's first phase (positions); decoding
+            longer than this grows the cache in phases (`t2t.decoding`). Speed only: the
+            tokens do not depend on it.
           partitioner: a `t2t.partitioning.Partitioner` whose shards the parameters live in;
             None runs on the default device (or wherever the parameters are).
         """
@@ -94,6 +98,9 @@ class Predictor:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
         if method not in models.METHODS:
             raise ValueError(f"method must be one of {models.METHODS}, got {method!r}.")
+        if not isinstance(first_cache_length, int) or first_cache_length < 1:
+            raise ValueError(
+                f"first_cache_length must be a positive int, got {first_cache_length!r}.")
         self.model = model
         self.batch_size = batch_size
         self.method = method
@@ -109,7 +116,7 @@ class Predictor:
         self._rng = jax.random.PRNGKey(seed)
         self.max_decode_length = max_decode_length
         options = dict(method=method, beam_size=beam_size, alpha=alpha, temperature=temperature,
-                       top_k=top_k, top_p=top_p)
+                       top_k=top_k, top_p=top_p, first_cache_length=first_cache_length)
 
         def predict(params, batch, rng, max_decode_length):
             extra = {"rng": rng} if method == "sample" else {}

@@ -317,6 +317,7 @@ def evaluate(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_decode_length: int | None = None,
+    first_cache_length: int = 32,
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     output_file: str | None = None,
@@ -335,6 +336,7 @@ def evaluate(
       split: the split to evaluate.
       batch_size, method, beam_size, alpha, max_decode_length: decoding (greedy by default;
         beam 4 with alpha 0.6 as in the paper).
+      first_cache_length: the self-attention cache's first phase (speed only; `t2t.decoding`).
       task_feature_lengths: cut examples to these lengths (default: no cut).
       num_examples: at most this many examples per task.
       output_file: results JSON (default `<model_dir>/eval/results.json`).
@@ -361,6 +363,7 @@ def evaluate(
         task_feature_lengths=task_feature_lengths, num_examples=num_examples,
         log_predictions=log_predictions, batch_size=batch_size, method=method,
         beam_size=beam_size, alpha=alpha, max_decode_length=max_decode_length,
+        first_cache_length=first_cache_length,
     )
 
 
@@ -377,6 +380,7 @@ def seqio_evaluator(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_decode_length: int | None = None,
+    first_cache_length: int = 32,
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     log_predictions: bool = False,
@@ -395,7 +399,7 @@ def seqio_evaluator(
         num_examples=num_examples, log_predictions=log_predictions,
         log_dir=os.path.join(model_dir, "eval") if model_dir else None, partitioner=partitioner,
         batch_size=batch_size, method=method, beam_size=beam_size, alpha=alpha,
-        max_decode_length=max_decode_length,
+        max_decode_length=max_decode_length, first_cache_length=first_cache_length,
     )
 
 
@@ -419,6 +423,7 @@ def infer(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_decode_length: int | None = None,
+    first_cache_length: int = 32,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -442,7 +447,7 @@ def infer(
         directories (DIR or DIR@STEP), as a list or a comma-separated string.
       vocabulary_file: a SentencePiece model overriding the checkpoint's (files only).
       batch_size, method, beam_size, alpha, max_decode_length, temperature, top_k, top_p,
-        seed: decoding options of `t2t.inference.Predictor`.
+        seed, first_cache_length: decoding options of `t2t.inference.Predictor`.
       inputs_length, targets_length: feature lengths (default: the longest example).
       num_examples: at most this many examples (per task).
       modules: task registration modules to import.
@@ -465,6 +470,7 @@ def infer(
         partitioner=_partitioner(mesh_shape, sharding_mode), batch_size=batch_size,
         method=method, beam_size=beam_size, alpha=alpha, max_decode_length=max_decode_length,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        first_cache_length=first_cache_length,
     )
     print(f"wrote {count} records to {output_file}")
     return count

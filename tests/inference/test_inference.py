@@ -66,6 +66,22 @@ def test_infer_jsonl_writes_inputs_predictions_and_targets(model_dir, model, par
         assert record["prediction"]  # a non-empty text, so the comparison above means something
 
 
+def test_infer_first_cache_length_reaches_the_predictor(model_dir, model, params_b, vocabulary,
+                                                        tmp_path, capsys):
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_jsonl(source)
+    args = ["infer", "--gin_file=gin/runs/infer.gin", f"--gin.MODEL_DIR='{model_dir}'",
+            f"--input_file={source}", f"--output_file={output}", "--batch_size=2",
+            f"--max_decode_length={LENGTH}"]
+    assert cli.main(args + ["--first_cache_length=0"]) == 2
+    assert "first_cache_length must be a positive int, got 0" in capsys.readouterr().err
+    # Phases of 2, 4 and 6 cached positions: the same tokens as decoding without a cache.
+    assert cli.main(args + ["--first_cache_length=2"]) == 0
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    expected = uncached_greedy(model, [params_b], _input_ids(vocabulary), LENGTH)
+    assert [r["prediction"] for r in records] == [vocabulary.decode(t) for t in expected]
+
+
 def test_tsv_without_targets_gives_the_same_predictions(predictor, params_a, vocabulary, tmp_path):
     path = tmp_path / "in.tsv"
     path.write_text("".join(f"{text}\n" for text, _ in TEXTS))
