@@ -37,7 +37,7 @@ from typing import Any
 import gin
 import optax
 
-from t2t import models, optim
+from t2t import decoding, models, optim
 from t2t import nn as t2t_nn
 from t2t.nn.config import TransformerConfig
 
@@ -317,7 +317,7 @@ def evaluate(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_decode_length: int | None = None,
-    first_cache_length: int = 32,
+    first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     output_file: str | None = None,
@@ -380,7 +380,7 @@ def seqio_evaluator(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_decode_length: int | None = None,
-    first_cache_length: int = 32,
+    first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     log_predictions: bool = False,
@@ -423,7 +423,7 @@ def infer(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_decode_length: int | None = None,
-    first_cache_length: int = 32,
+    first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
