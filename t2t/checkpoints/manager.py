@@ -151,7 +151,11 @@ class CheckpointManager:
           async_save: write arrays in the background while training continues.
           read_only: open existing checkpoints without creating or deleting anything.
         """
-        self.directory = epath.Path(model_dir) / CHECKPOINTS_SUBDIR
+        path = os.fspath(model_dir)
+        if "://" not in path:
+            # NOTE: Orbax's array writers reject relative paths (`make demo` passes runs/demo).
+            path = os.path.abspath(path)
+        self.directory = epath.Path(path) / CHECKPOINTS_SUBDIR
         policies = [ocp.checkpoint_managers.LatestN(n=keep)] + [m.policy() for m in best]
         options = ocp.CheckpointManagerOptions(
             create=not read_only,

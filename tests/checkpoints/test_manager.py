@@ -80,6 +80,18 @@ def test_round_trip_params_optimizer_metadata_and_iterator(tmp_path, params):
     assert manager.read_metadata(7)["step"] == 7
 
 
+def test_a_relative_model_dir_saves_and_restores(tmp_path, params, monkeypatch):
+    # `make demo` passes MODEL_DIR=runs/demo; Orbax's array writers need absolute paths.
+    monkeypatch.chdir(tmp_path)
+    manager = CheckpointManager("runs/demo")
+    manager.save(5, params=params, metadata={"config": CONFIG})
+    manager.wait_until_finished()
+    monkeypatch.chdir(tmp_path / "runs")  # a later process in another directory
+    assert CheckpointManager(tmp_path / "runs" / "demo").all_steps() == [5]
+    restored = CheckpointManager("demo").restore(abstract_params=_abstract(params))
+    assert restored.step == 5 and _equal(restored.params, params)
+
+
 def test_keeps_the_last_k_and_the_best_per_metric_across_restarts(tmp_path, params):
     best = [BestMetric("accuracy", "max"), BestMetric("loss", "min")]
     history = {10: (50.0, 3.0), 20: (90.0, 2.5), 30: (60.0, 1.0)}
