@@ -3,15 +3,17 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Pinned versions for a reproducible install (see the file's header); empty to resolve afresh.
+CONSTRAINTS ?= constraints.txt
 
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo finetune test clean-venv
+.PHONY: demo finetune test lock clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,c4]'
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test,c4]'
 	touch $(STAMP)
 
 # Pretrain the tiny preset with span corruption on the built-in corpus; rerunning resumes
@@ -27,6 +29,18 @@ finetune: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
+
+# Re-resolve the dependencies in a scratch environment and rewrite constraints.txt's pins
+# (its header is kept); then run `make clean-venv test` before committing the new pins.
+lock:
+	rm -rf .lock-venv
+	python3 -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet -e '.[test,c4]'
+	{ grep '^#' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable \
+	  | sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .lock-venv
 
 clean-venv:
 	rm -rf $(VENV)
