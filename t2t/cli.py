@@ -8,6 +8,7 @@ and calls it. To add a subcommand, write such a function and list it in SUBCOMMA
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -337,6 +338,16 @@ def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, bindings
 
 
+# gin appends "In call to configurable 'NAME' (<function ...>)" to errors raised inside a
+# configurable; for a user's bad input that line only repeats the command, so it is dropped.
+_GIN_CALL_NOTE = re.compile(r"\n  In call to configurable '[^']*' \(.*\)(?: in scope '[^']*')?")
+
+
+def error_message(error: BaseException) -> str:
+    """The message of an error for the console, without gin's call-site notes."""
+    return _GIN_CALL_NOTE.sub("", str(error))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -349,8 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.handler(args)
     except (ValueError, OSError) as error:  # bad input: a message, not a traceback
-        print(f"t2t {args.command}: error: {error}", file=sys.stderr)
+        print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
         return 2
+    except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
+        print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -544,6 +544,7 @@ def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
 
     """
     gin.clear_config()
+    _guard_system_path_lookup()
     for path in [*search_paths, *default_search_paths()]:
         gin.add_config_file_search_path(path)
     root = logging.getLogger()
@@ -553,6 +554,30 @@ def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
                                             finalize_config=finalize)
     finally:
         root.removeFilter(_quiet_search_misses)
+
+
+def _guard_system_path_lookup() -> None:
+    """Makes gin's Python-path lookup of a config file answer "no" instead of crashing.
+
+    gin also looks for `include 'runs/pretrain.gin'` as file `pretrain.gin` of a Python package
+    `runs`. When a plain directory of that name is importable (a `runs/` model directory in the
+    working directory of `python -m pytest` or a notebook), it is a namespace package without a
+    file, and gin-config 0.5's check raises a TypeError instead of moving on to the search
+    paths. The check is wrapped, in gin's reader table, to treat that case as "not there".
+    """
+    from gin import config as gin_config
+    from gin import resource_reader
+
+    def exists(path: str) -> bool:
+        try:
+            return resource_reader.system_path_file_exists(path)
+        except TypeError:  # a namespace package: no origin file, so no config file in it
+            return False
+
+    gin_config._FILE_READERS[:] = [  # noqa: SLF001 (gin has no public way to replace a reader)
+        (reader, exists if check is resource_reader.system_path_file_exists else check)
+        for reader, check in gin_config._FILE_READERS
+    ]
 
 
 def _quiet_search_misses(record: logging.LogRecord) -> bool:

@@ -50,6 +50,16 @@ def _parse(files, bindings=()):
     runs.configure(files, list(bindings), finalize=True)
 
 
+def test_includes_resolve_beside_importable_directories_of_the_same_name(tmp_path, monkeypatch):
+    """`make demo` writes runs/demo; `include 'runs/pretrain.gin'` must still find gin/runs/."""
+    for name in ("runs", "models"):  # importable as namespace packages, like a model directory
+        (tmp_path / name / "demo").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _parse(["experiments/tiny_builtin_demo.gin"], ["MODEL_DIR = '/tmp/unused'"])
+    assert gin.query_parameter("%TRAIN_STEPS") == 500
+
+
 def test_the_four_kinds_are_all_there():
     kinds = {f.split("/")[0] for f in FILES}
     assert kinds >= {"models", "runs", "objectives", "experiments"}

@@ -61,6 +61,20 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     assert "TRAIN_STEPS = 40" in (tmp_path / "config.gin").read_text()
 
 
+def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
+    """A learning rate of 1e30 blows the parameters up in the first step: exit 1, no checkpoint."""
+    code = cli.main(["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{tmp_path}'",
+                     *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
+                     "--gin.TRAIN_STEPS=4", "--gin.t2t.runs.train.checkpoint_every=2",
+                     "--gin.t2t.optim.inverse_sqrt.scale=1e30"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "t2t train: error: Training stopped at step 1: " in err
+    assert "no checkpoint was saved" in err and "start the run again" in err
+    assert "Traceback" not in err and "In call to configurable" not in err
+    assert not any((tmp_path / "checkpoints").glob("*/"))
+
+
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from t2t import runs

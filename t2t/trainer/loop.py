@@ -47,12 +47,16 @@ class NonFiniteError(FloatingPointError):
         self.step = step
         self.problem = problem
         self.last_checkpoint = last_checkpoint
-        kept = (f"the last checkpoint (step {last_checkpoint}) holds the last saved good "
-                "parameters" if last_checkpoint is not None else "no checkpoint was saved")
+        if last_checkpoint is None:
+            kept, then = "no checkpoint was saved", "start the run again"
+        else:
+            kept = (f"the last checkpoint (step {last_checkpoint}) holds the last saved good "
+                    "parameters")
+            then = "restart from that checkpoint"
         super().__init__(
             f"Training stopped at step {step}: {problem}. Nothing of this step was saved; "
             f"{kept}. Lower the learning rate, raise the z-loss, or check the data of this step, "
-            "then restart from the checkpoint."
+            f"then {then}."
         )
 
 
