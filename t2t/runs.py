@@ -27,10 +27,12 @@ to `<model_dir>/model_config.json`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -551,9 +553,55 @@ def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
     root.addFilter(_quiet_search_misses)
     try:
         gin.parse_config_files_and_bindings(list(gin_files), list(bindings),
-                                            finalize_config=finalize)
+                                            finalize_config=False)
     finally:
         root.removeFilter(_quiet_search_misses)
+    _check_macros_are_used(bindings)
+    if finalize:
+        gin.finalize()
+
+
+_MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=", re.MULTILINE)
+
+
+def _check_macros_are_used(bindings: Sequence[str]) -> None:
+    """Refuses a binding of a macro that nothing refers to: a misspelt `TRAIN_STEP=10`.
+
+    gin defines any macro it is given, so a typo would otherwise go unnoticed and the run would
+    take the gin file's value. Only bindings are checked; gin files may define spare macros.
+    """
+    from gin import config as gin_config
+
+    bound = {name for binding in bindings for name in _MACRO_BINDING.findall(binding)}
+    if not bound:
+        return
+    defined, used = set(), set()
+
+    def walk(value):
+        if isinstance(value, gin_config.ConfigurableReference):
+            scope, _, selector = value.scoped_selector.rpartition("/")
+            if selector == "gin.macro":
+                used.add(scope)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+
+    for (scope, selector), params in gin_config._CONFIG.items():  # noqa: SLF001
+        if selector == "gin.macro":
+            defined.add(scope)
+        for value in params.values():
+            walk(value)
+    for name in sorted(bound - used):
+        close = difflib.get_close_matches(name, sorted(defined - bound), n=3)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        raise ValueError(
+            f"The binding {name} = ... sets a gin macro that no configuration refers to (as "
+            f"%{name}), so it would change nothing.{hint}"
+        )
 
 
 def _guard_system_path_lookup() -> None:

@@ -60,6 +60,17 @@ def test_includes_resolve_beside_importable_directories_of_the_same_name(tmp_pat
     assert gin.query_parameter("%TRAIN_STEPS") == 500
 
 
+def test_a_misspelt_macro_binding_is_refused_with_a_suggestion():
+    with pytest.raises(ValueError, match=r"TRAIN_STEP = \.\.\. sets a gin macro that no configuration "
+                       r"refers to .*Did you mean TRAIN_STEPS\?"):
+        _parse(["experiments/tiny_builtin_demo.gin"], ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEP = 10"])
+    # Bound macros that the files use (directly, or through another macro) are accepted.
+    _parse(["experiments/tiny_builtin_demo.gin"],
+           ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEPS = 10", "BATCH_SIZE = 4"])
+    assert gin.query_parameter("t2t.runs.train.train_steps") is not None
+    assert gin.query_parameter("%TRAIN_STEPS") == 10
+
+
 def test_the_four_kinds_are_all_there():
     kinds = {f.split("/")[0] for f in FILES}
     assert kinds >= {"models", "runs", "objectives", "experiments"}
@@ -97,7 +108,10 @@ def test_objective_files_name_registered_tasks(name):
 
 def _train_bindings(name, hf_directory, tmp_path):
     files = [name] if not name.startswith("runs/pretrain") else ["models/tiny.gin", name]
-    bindings = [f"MODEL_DIR = '{tmp_path}'", f"INIT_CHECKPOINT = '{hf_directory}'"]
+    bindings = [f"MODEL_DIR = '{tmp_path}'"]
+    with open(os.path.join(GIN_DIR, name)) as f:  # fine-tuning runs start from a checkpoint
+        if name == "runs/finetune.gin" or "include 'runs/finetune.gin'" in f.read():
+            bindings.append(f"INIT_CHECKPOINT = '{hf_directory}'")
     if name.startswith("runs/"):  # the run files leave the data to an objective or experiment
         bindings += ["MIXTURE_OR_TASK = 'builtin_package'",
                      "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
