@@ -44,10 +44,11 @@ def _losses(model_dir):
 
 def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     """The demo configuration (shrunk) on 40 steps: from ~ln(vocab) to well below."""
-    code = cli.main(["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{tmp_path}'",
-                     *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
-                     "--gin.TRAIN_STEPS=40", "--gin.t2t.runs.train.eval_every=40",
-                     "--gin.t2t.runs.train.checkpoint_every=40"])
+    argv = ["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{tmp_path}'",
+            *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
+            "--gin.TRAIN_STEPS=40", "--gin.t2t.runs.train.eval_every=40",
+            "--gin.t2t.runs.train.checkpoint_every=40"]
+    code = cli.main(argv)
     assert code == 0
     losses = _losses(tmp_path)
     assert sorted(losses) == list(range(1, 41))
@@ -59,6 +60,10 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     for name in ("config.gin", "model_config.json", loop.LOSS_CURVE_FILE):
         assert os.path.getsize(tmp_path / name) > 0
     assert "TRAIN_STEPS = 40" in (tmp_path / "config.gin").read_text()
+    # The same command again finds the run finished: it says so and trains nothing.
+    assert cli.main(argv) == 0
+    assert "nothing to train: the model directory is already at step 40" in capsys.readouterr().out
+    assert sorted(_losses(tmp_path)) == list(range(1, 41))
 
 
 def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
