@@ -300,10 +300,6 @@ def _train(subparsers) -> None:
         if first is not None:
             print(f"trained steps {summary['first_step']} -> {summary['last_step']}: loss "
                   f"{first:.3f} -> {last:.3f}; {summary['tokens_seen']} tokens seen")
-        elif summary["last_step"] == summary["first_step"]:
-            print(f"nothing to train: the model directory is already at step "
-                  f"{summary['last_step']}, the run's train_steps. Raise TRAIN_STEPS to go on, "
-                  "or give a new MODEL_DIR to start over.")
         for name, value in summary["eval"].items():
             print(f"  {name}: {value:.4f}")
 

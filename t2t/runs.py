@@ -194,6 +194,10 @@ def train(
     write_run_files(model_dir, config)
     try:
         summary = trainer.train(train_steps)
+        if summary["first_step"] == trainer.step >= train_steps:
+            print(f"nothing to train: the model directory is already at step {trainer.step}, the "
+                  "run's train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to "
+                  "start over.", flush=True)
         shown = []
         if num_predictions:
             vocabulary = registry.get_task_or_mixture(mixture_or_task).output_features[

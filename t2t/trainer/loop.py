@@ -217,7 +217,8 @@ class Trainer:
           NonFiniteError: at the first step with a non-finite loss, gradient or parameters.
         """
         first_step = self.step
-        progress = reporting.Progress(num_steps, self.step, enabled=self.progress_enabled)
+        progress = reporting.Progress(num_steps, self.step,  # no bar when nothing is left
+                                      enabled=self.progress_enabled and self.step < num_steps)
         self._window_start = time.perf_counter()
         eval_results: dict[str, float] = {}
         try:
