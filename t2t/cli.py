@@ -113,7 +113,19 @@ def _configure(args) -> None:
     for module in args.imports:
         importlib.import_module(module)
     paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
-    runs.configure(args.gin_file, args.gin_bindings, paths)
+    try:
+        runs.configure(args.gin_file, args.gin_bindings, paths)
+    except SyntaxError as error:  # gin could not parse a file or a --gin.NAME=VALUE binding
+        where = f"{error.filename}, line {error.lineno}" if error.filename else "a binding"
+        # gin's message ends with its own reason ("Failed to parse token 'runs'"); the lines
+        # before it repeat Python's parser, object addresses included.
+        reason = ((error.msg or "").strip().splitlines() or ["invalid syntax"])[-1].strip()
+        quote = ("quote strings, e.g. MODEL_DIR = 'runs/x'" if error.filename else
+                 "quote strings inside the flag, e.g. --gin.MODEL_DIR=\"'runs/x'\"")
+        raise ValueError(
+            f"gin could not parse {where}: {(error.text or '').strip()!r} ({reason.rstrip('.')}). "
+            f"Values are Python literals, %MACROS or @references: {quote}."
+        ) from error
 
 
 def _ints(text: str) -> list[int]:

@@ -139,3 +139,21 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path):
     assert 0.0 <= accuracy <= 100.0
     assert "builtin_package/loss" in summary["eval"]
     assert len(summary["predictions"]) == 2
+
+
+def test_an_unquoted_string_binding_is_a_message_not_a_traceback(tmp_path, capsys):
+    """`--gin.MODEL_DIR=runs/x` (no inner quotes) is not a Python literal: exit 2 saying how."""
+    code = cli.main(["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR={tmp_path}/x"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "t2t train: error: gin could not parse a binding: " in err
+    assert "quote strings inside the flag" in err
+    assert "<ast." not in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+    bad = tmp_path / "bad.gin"  # the same mistake in a gin file names the file and line
+    bad.write_text("include 'experiments/tiny_builtin_demo.gin'\nMODEL_DIR = runs/x\n")
+    assert cli.main(["train", f"--gin_file={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert f"gin could not parse {bad}, line 2: 'MODEL_DIR = runs/x'" in err
+    assert "quote strings, e.g. MODEL_DIR = 'runs/x'" in err
