@@ -28,6 +28,10 @@ from t2t import nn as t2t_nn
 
 Batch = Mapping[str, jax.Array]
 METHODS = ("greedy", "beam", "sample")
+# Decoding steps of at most this many rows multiply kernel first on the CPU (by default): a
+# T5-small decode measured 1.35-1.58x faster at 4-16 rows, 1.18x at 32, 0.96x at 64 (beam-4 of
+# 16 inputs) and level at 1 (`benchmarks/kernel_first_bench.py`).
+KERNEL_FIRST_MAX_ROWS = 32
 
 
 def _require(batch: Batch, names: Sequence[str], what: str) -> None:
@@ -72,6 +76,11 @@ class BaseModel:
       z_loss: weight of the auxiliary z-loss (T5_SPEC section 6).
       loss_normalizing_factor: None (sum), a number, "num_real_target_tokens" or
         "num_total_target_tokens".
+      kernel_first_steps: whether decoding steps multiply by copies of the kernels transposed
+        once per decode, kernel first (`t2t.nn.layers.kernel_first_matmul`), for one extra copy
+        of the decoder's kernels during the decode. None (the default) decides per decode: on
+        when JAX's default backend is the CPU and a step has at most `KERNEL_FIRST_MAX_ROWS`
+        rows (batch, times beams).
     """
 
     FEATURE_CONVERTER_CLS: type[seqio.FeatureConverter]
@@ -82,12 +91,14 @@ class BaseModel:
         *,
         z_loss: float = 1e-4,
         loss_normalizing_factor: float | str | None = None,
+        kernel_first_steps: bool | None = None,
     ):
         if not isinstance(config, t2t_nn.TransformerConfig):
             raise TypeError(f"Expected a TransformerConfig, got {type(config).__name__}.")
         self.config = config
         self.z_loss = z_loss
         self.loss_normalizing_factor = loss_normalizing_factor
+        self.kernel_first_steps = kernel_first_steps
         abstract = nnx.eval_shape(lambda: t2t_nn.build(config, nnx.Rngs(params=0)))
         self.graphdef, self._abstract_params = nnx.split(abstract)
 
@@ -153,12 +164,22 @@ class BaseModel:
     # -- decoding ----------------------------------------------------------------------------
 
     def decoding_setup(
-        self, params: nnx.State, batch: Batch, max_decode_length: int
+        self, params: nnx.State, batch: Batch, max_decode_length: int, kernel_first: bool = False
     ) -> tuple[decoding.TokensToLogits, Any, jax.Array]:
-        """(tokens_to_logits, initial cache, start tokens [B]) for `t2t.decoding`."""
+        """(tokens_to_logits, initial cache, start tokens [B]) for `t2t.decoding`; with
+        `kernel_first`, the steps multiply kernel first (see `kernel_first_steps`)."""
         raise NotImplementedError
 
+    def uses_kernel_first_steps(self, rows: int) -> bool:
+        """Whether a decode whose steps have `rows` rows multiplies kernel first."""
+        if self.kernel_first_steps is not None:
+            return self.kernel_first_steps
+        return jax.default_backend() == "cpu" and rows <= KERNEL_FIRST_MAX_ROWS
+
     def _default_length(self, batch: Batch) -> int:
+        raise NotImplementedError
+
+    def _batch_size(self, batch: Batch) -> int:
         raise NotImplementedError
 
     def _cache_offset(self, batch: Batch) -> int:
@@ -188,8 +209,9 @@ class BaseModel:
             raise ValueError(f"Expected method in {METHODS}, got {method!r}.")
         if max_decode_length is None:
             max_decode_length = self._default_length(batch)
+        rows = self._batch_size(batch) * (beam_size if method == "beam" else 1)
         tokens_to_logits, cache, start = self._setup_maybe_ensemble(
-            params, batch, max_decode_length
+            params, batch, max_decode_length, self.uses_kernel_first_steps(rows)
         )
         offset = self._cache_offset(batch)
 
@@ -231,10 +253,10 @@ class BaseModel:
         """
         return self.predict_batch_with_aux(params, batch, **kwargs)[0]
 
-    def _setup_maybe_ensemble(self, params, batch, max_decode_length):
+    def _setup_maybe_ensemble(self, params, batch, max_decode_length, kernel_first):
         if isinstance(params, nnx.State):
-            return self.decoding_setup(params, batch, max_decode_length)
-        members = [self.decoding_setup(p, batch, max_decode_length) for p in params]
+            return self.decoding_setup(params, batch, max_decode_length, kernel_first)
+        members = [self.decoding_setup(p, batch, max_decode_length, kernel_first) for p in params]
         if not members:
             raise ValueError("Expected one parameter set or a non-empty sequence of them.")
         fn = decoding.ensemble_tokens_to_logits([m[0] for m in members])
@@ -286,11 +308,17 @@ class EncoderDecoderModel(BaseModel):
             raise ValueError("Pass max_decode_length, or a batch with decoder_target_tokens.")
         return batch["decoder_target_tokens"].shape[1]
 
-    def decoding_setup(self, params, batch, max_decode_length):
+    def _batch_size(self, batch):
+        _require(batch, ("encoder_input_tokens",), "predict_batch")
+        return batch["encoder_input_tokens"].shape[0]
+
+    def decoding_setup(self, params, batch, max_decode_length, kernel_first=False):
         _require(batch, ("encoder_input_tokens",), "predict_batch")
         module = self.module(params)
         inputs = batch["encoder_input_tokens"]
         cache = module.init_cache(module.encode(inputs), inputs, max_decode_length)
+        if kernel_first:
+            module.prepare_for_steps()
         start = jnp.full((inputs.shape[0],), decoding.PAD_ID, jnp.int32)
         return module.decode_step, cache, start
 
@@ -359,7 +387,11 @@ class DecoderOnlyModel(BaseModel):
     def _cache_offset(self, batch: Batch) -> int:
         return batch["decoder_input_tokens"].shape[1]  # The prefill's width W.
 
-    def decoding_setup(self, params, batch, max_decode_length):
+    def _batch_size(self, batch):
+        _require(batch, ("decoder_input_tokens",), "predict_batch")
+        return batch["decoder_input_tokens"].shape[0]
+
+    def decoding_setup(self, params, batch, max_decode_length, kernel_first=False):
         module = self.module(params)
         prompt = batch["decoder_input_tokens"]  # [B, W]
         lengths = self._prompt_lengths(batch)
@@ -370,6 +402,8 @@ class DecoderOnlyModel(BaseModel):
             prompt, prompt.shape[1] + max_decode_length, prompt_lengths=lengths,
             decoder_causal_attention=self._causal_attention(batch),
         )
+        if kernel_first:
+            module.prepare_for_steps()
         start = jnp.take_along_axis(prompt, lengths[:, None], axis=1)[:, 0]
         return module.decode_step, cache, start
 

@@ -165,6 +165,29 @@ def test_ensemble_greedy_matches_averaged_hf_logits(pair):
     assert not np.array_equal(expected, single)  # The ensemble changed the output.
 
 
+def test_kernel_first_steps_decide_per_decode_and_keep_the_tokens(pair):
+    """By default decoding steps multiply kernel first on the CPU up to KERNEL_FIRST_MAX_ROWS
+    rows (batch x beams); forced on or off, greedy and beam search give the same tokens."""
+    _, model, params = pair
+    limit = models.KERNEL_FIRST_MAX_ROWS
+    assert jax.default_backend() == "cpu"
+    assert model.uses_kernel_first_steps(limit) and not model.uses_kernel_first_steps(limit + 1)
+    config = model.config
+    forced = {flag: models.EncoderDecoderModel(config, kernel_first_steps=flag)
+              for flag in (True, False)}
+    assert forced[True].uses_kernel_first_steps(1024)
+    assert not forced[False].uses_kernel_first_steps(1)
+    batch = {"encoder_input_tokens": _batch(rng_seed=5)["encoder_input_tokens"]}
+    for method in ("greedy", "beam"):
+        tokens = {
+            flag: jax.jit(functools.partial(m.predict_batch, method=method, beam_size=3,
+                                            max_decode_length=8))(params[0], batch)
+            for flag, m in forced.items()
+        }
+        np.testing.assert_array_equal(tokens[True], tokens[False])
+        assert np.any(np.asarray(tokens[True]) > 1)  # real tokens, not an empty decode
+
+
 # -- decoder-only -------------------------------------------------------------------------------
 
 

@@ -144,6 +144,15 @@ class DecoderLayer(nnx.Module):
             x = self._cross_attend_beams(x, cross_kv, cross_bias)
         return x + mlp(mlp_norm(x)), cache
 
+    def prepare_for_steps(self, shared: EncoderLayer | None = None) -> None:
+        """Puts the kernels `step` multiplies by in kernel-first form (`layers.Dense`); the
+        cross-attention keys and values, computed once before the steps, keep theirs."""
+        _, self_attention, _, mlp = self._borrowed(shared)
+        layers.prepare_for_steps(self_attention, mlp)
+        if self.has_cross_attention:
+            cross = self.encoder_decoder_attention
+            layers.prepare_for_steps(cross.query, cross.out)
+
     def _cross_attend_beams(self, x: jax.Array, cross_kv: KV, cross_bias) -> jax.Array:
         """Cross-attention of [B * K, 1, D] beam rows over their inputs' [B, N, L, H] keys.
 

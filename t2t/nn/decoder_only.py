@@ -123,6 +123,11 @@ class DecoderOnly(nnx.Module):
         cache["index"] = jnp.asarray(prompt_lengths, jnp.int32)
         return cache
 
+    def prepare_for_steps(self) -> None:
+        """Makes `decode_step` multiply kernel first; see `EncoderDecoder.prepare_for_steps`.
+        Call it after `init_cache`, whose prompt pass keeps the usual form."""
+        self.decoder.prepare_for_steps(self.token_embedder)
+
     def decode_step(self, decoder_input_tokens: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
         """One token per row at the cache's index; deterministic.
 

@@ -176,6 +176,17 @@ class Decoder(nnx.Module):
         new_cache["index"] = index + 1
         return self.logits(x, embedder)[:, 0], new_cache
 
+    def prepare_for_steps(
+        self,
+        embedder: layers.Embed,
+        shared_layers: list[blocks.EncoderLayer] | None = None,
+    ) -> None:
+        """Has `step` multiply kernel first from here on in this trace (`layers.Dense`): every
+        layer's step kernels and the output projection (the tied embedding or `logits_dense`)."""
+        for i, layer in enumerate(self.layers):
+            layer.prepare_for_steps(None if shared_layers is None else shared_layers[i])
+        layers.prepare_for_steps(embedder if self.logits_via_embedding else self.logits_dense)
+
     def empty_cache(self, batch_size: int, max_length: int, num_heads: int, d_kv: int, dtype):
         """Zero self-attention caches [B, N, S, H] for every layer and a zero index [B]."""
         shape = (batch_size, num_heads, max_length, d_kv)

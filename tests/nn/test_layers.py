@@ -1,5 +1,7 @@
 """Layers against direct numpy formulas: RMS norm, MLP activations, tied logits, dropout."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,3 +113,38 @@ def test_hashed_bits_are_uniform_independent_and_keyed():
     other = np.asarray(layers.hashed_bits(jax.random.key(1), shape), np.uint64)
     assert np.mean(other == bits) < 1e-3
     assert abs(np.corrcoef((other & 1).ravel(), (bits & 1).ravel())[0, 1]) < 0.03
+
+
+def _dot_outputs(fn, *args) -> list[str]:
+    """The output shapes of the dots in `fn`'s compiled (optimized) HLO, e.g. 'f32[16,3]'."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    return re.findall(r"= (f32\[[\d,]+\])\{[\d,]+\} dot\(", hlo)
+
+
+def test_kernel_first_steps_give_the_same_products_with_the_kernel_on_the_left():
+    """After `prepare_for_steps`, a Dense computes (kernel^T x^T)^T and tied logits (table
+    x^T)^T: the same values, and the compiled dot keeps the kernel first ([out, rows])."""
+    config = CONFIG.replace(d_ff=16)
+    dense = layers.Dense(8, 16, names=("embed", "mlp"), config=config,
+                         init=layers.fan_in_init(), rngs=nnx.Rngs(0))
+    embed = layers.Embed(config, rngs=nnx.Rngs(1))
+    x = jnp.asarray(np.random.RandomState(4).randn(3, 1, 8).astype(np.float32))
+
+    def apply(module, method, prepare):
+        graphdef, state = nnx.split(module)
+
+        def fn(state, x):
+            merged = nnx.merge(graphdef, state)
+            if prepare:
+                merged.prepare_for_steps()
+            return getattr(merged, method)(x)
+
+        return fn, state
+
+    for module, method, out_features in ((dense, "__call__", 16), (embed, "attend", 32)):
+        usual, state = apply(module, method, prepare=False)
+        first, _ = apply(module, method, prepare=True)
+        np.testing.assert_allclose(jax.jit(first)(state, x), jax.jit(usual)(state, x),
+                                   rtol=1e-6, atol=1e-6)
+        assert _dot_outputs(usual, state, x) == [f"f32[3,{out_features}]"]
+        assert _dot_outputs(first, state, x) == [f"f32[{out_features},3]"]

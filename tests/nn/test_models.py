@@ -108,6 +108,39 @@ def test_cached_decoding_in_a_growing_cache_equals_teacher_forcing(encdec):
         tn.resize_cache(cache, 0)
 
 
+def _steps(model, prepare: bool, length: int):
+    """A jitted function decoding `length` teacher-forced steps after `init_cache`, with the
+    step kernels kernel first (`prepare_for_steps`) or not: -> logits [B, length, V]."""
+    graphdef, state = model._graphdef, model._state
+
+    def run(state, inputs, decoder_inputs):
+        module = nnx.merge(graphdef, state)
+        cache = module.init_cache(module.encode(inputs), inputs, max_decode_length=length)
+        if prepare:
+            module.prepare_for_steps()
+            layer = module.decoder.layers[0]
+            assert layer.encoder_decoder_attention.query.step_kernel is not None
+            assert layer.encoder_decoder_attention.key.step_kernel is None  # used before steps
+        logits = []
+        for t in range(length):
+            step_logits, cache = module.decode_step(decoder_inputs[:, t:t + 1], cache)
+            logits.append(step_logits)
+        return jnp.stack(logits, axis=1)
+
+    return functools.partial(jax.jit(run), state)
+
+
+def test_kernel_first_steps_equal_teacher_forcing_encoder_decoder(encdec):
+    """Steps with kernel-first products (shared layers borrowed from the encoder included) give
+    the teacher-forced logits, as the usual steps do."""
+    inputs = random_tokens(0, (3, 11), lengths=[11, 6, 3])
+    decoder_inputs = random_tokens(1, (3, 6)).at[:, 0].set(0)
+    full = encdec.__call__(inputs, decoder_inputs)
+    for prepare in (True, False):
+        np.testing.assert_allclose(_steps(encdec, prepare, 6)(inputs, decoder_inputs), full,
+                                   atol=2e-5)
+
+
 def test_beam_rows_read_one_shared_copy_of_the_cross_attention_cache(encdec):
     """K beams per input over the `shared` cross-attention entries (B rows) give the logits of
     a cache whose every leaf, shared entries included, is repeated for every beam."""
@@ -144,6 +177,33 @@ def test_cached_decoding_after_a_prompt_equals_teacher_forcing_decoder_only(lm):
         logits, cache = step(sequence[rows, index][:, None], cache)
         np.testing.assert_allclose(logits, full[rows, index], atol=2e-5)
         index = index + 1
+
+
+def test_kernel_first_steps_after_a_prompt_equal_teacher_forcing_decoder_only(lm):
+    length, prompt_length = 10, 6
+    sequence = random_tokens(4, (2, length)).at[:, 0].set(0)
+    causal_attention = None
+    if lm.config.architecture == "prefix_lm":
+        causal_attention = (jnp.arange(length)[None] < prompt_length).astype(jnp.int32)
+        causal_attention = jnp.broadcast_to(causal_attention, (2, length))
+    full = lm.__call__(sequence, None, None, causal_attention)
+    graphdef, state = lm._graphdef, lm._state
+
+    @jax.jit
+    def run(state):
+        module = nnx.merge(graphdef, state)
+        cache = module.init_cache(
+            sequence[:, :prompt_length], length,
+            decoder_causal_attention=None if causal_attention is None
+            else causal_attention[:, :prompt_length])
+        module.prepare_for_steps()
+        logits = []
+        for t in range(prompt_length, length):
+            step_logits, cache = module.decode_step(sequence[:, t:t + 1], cache)
+            logits.append(step_logits)
+        return jnp.stack(logits, axis=1)
+
+    np.testing.assert_allclose(run(state), full[:, prompt_length:], atol=2e-5)
 
 
 def test_empty_prompt_decodes_from_index_zero(lm):
