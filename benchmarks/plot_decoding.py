@@ -41,6 +41,8 @@ RUNS = (
     ("10", "decoding_run10.json", "C"),
     ("11", "decoding_run11.json", "C"),
     ("12", "decoding_run12.json", "D"),
+    ("13", "decoding_run13.json", "E"),
+    ("14", "decoding_run14.json", "E"),
     ("mp1", "decoding_model_parallel_run1.json", "A"),
     ("mp2", "decoding_model_parallel_run2.json", "A"),
     ("mp3", "decoding_model_parallel_run3.json", "C"),

@@ -28,10 +28,10 @@ from t2t import nn as t2t_nn
 
 Batch = Mapping[str, jax.Array]
 METHODS = ("greedy", "beam", "sample")
-# Decoding steps of at most this many rows multiply kernel first on the CPU (by default): a
-# T5-small decode measured 1.35-1.58x faster at 4-16 rows, 1.18x at 32, 0.96x at 64 (beam-4 of
-# 16 inputs) and level at 1 (`benchmarks/kernel_first_bench.py`).
-KERNEL_FIRST_MAX_ROWS = 32
+# Decoding steps with this many rows (inclusive range) multiply kernel first on the CPU by
+# default: a T5-small decode measured 1.35-1.59x faster at 4-16 rows, 1.18-1.22x at 32, but
+# 0.96x at 64 (beam-4 of 16 inputs) and 0.95-0.98x at one row (`benchmarks/kernel_first_bench.py`).
+KERNEL_FIRST_ROWS = (2, 32)
 
 
 def _require(batch: Batch, names: Sequence[str], what: str) -> None:
@@ -79,8 +79,8 @@ class BaseModel:
       kernel_first_steps: whether decoding steps multiply by copies of the kernels transposed
         once per decode, kernel first (`t2t.nn.layers.kernel_first_matmul`), for one extra copy
         of the decoder's kernels during the decode. None (the default) decides per decode: on
-        when JAX's default backend is the CPU and a step has at most `KERNEL_FIRST_MAX_ROWS`
-        rows (batch, times beams).
+        when JAX's default backend is the CPU and a step's rows (batch, times beams) lie in
+        `KERNEL_FIRST_ROWS`.
     """
 
     FEATURE_CONVERTER_CLS: type[seqio.FeatureConverter]
@@ -174,7 +174,8 @@ class BaseModel:
         """Whether a decode whose steps have `rows` rows multiplies kernel first."""
         if self.kernel_first_steps is not None:
             return self.kernel_first_steps
-        return jax.default_backend() == "cpu" and rows <= KERNEL_FIRST_MAX_ROWS
+        low, high = KERNEL_FIRST_ROWS
+        return jax.default_backend() == "cpu" and low <= rows <= high
 
     def _default_length(self, batch: Batch) -> int:
         raise NotImplementedError

@@ -166,12 +166,14 @@ def test_ensemble_greedy_matches_averaged_hf_logits(pair):
 
 
 def test_kernel_first_steps_decide_per_decode_and_keep_the_tokens(pair):
-    """By default decoding steps multiply kernel first on the CPU up to KERNEL_FIRST_MAX_ROWS
-    rows (batch x beams); forced on or off, greedy and beam search give the same tokens."""
+    """By default decoding steps multiply kernel first on the CPU for KERNEL_FIRST_ROWS rows
+    (batch x beams); forced on or off, greedy and beam search give the same tokens."""
     _, model, params = pair
-    limit = models.KERNEL_FIRST_MAX_ROWS
+    low, high = models.KERNEL_FIRST_ROWS
     assert jax.default_backend() == "cpu"
-    assert model.uses_kernel_first_steps(limit) and not model.uses_kernel_first_steps(limit + 1)
+    assert model.uses_kernel_first_steps(low) and model.uses_kernel_first_steps(high)
+    assert not model.uses_kernel_first_steps(low - 1)
+    assert not model.uses_kernel_first_steps(high + 1)
     config = model.config
     forced = {flag: models.EncoderDecoderModel(config, kernel_first_steps=flag)
               for flag in (True, False)}

@@ -145,11 +145,11 @@ def kernel_first_matmul(x: jax.Array, kernel_t: jax.Array, **kwargs) -> jax.Arra
 
     NOTE: with few rows (a decoding step multiplies the batch, or batch x beams, by every kernel)
     XLA's CPU matmuls are much faster with the large operand on the left, stored [N, K], and the
-    rows on the right. Measured on T5-small's shapes at 16 rows: the MLP and attention
-    projections 2.1-3.3x faster than `[M, K] x [K, N]`, the tied logits 1.4x faster than
-    `[M, D] x [V, D]^T` (`benchmarks/small_m_matmul_bench.py`). The product comes out [N, M];
-    the barrier keeps XLA from folding the (small) transpose back into the product, which would
-    restore the slow form.
+    rows on the right. Measured on T5-small's shapes at 4-32 rows: the MLP and attention
+    projections 1.6-2.9x faster than `[M, K] x [K, N]`, the tied logits 1.4-1.5x faster than
+    `[M, D] x [V, D]^T`; level at one row (`benchmarks/kernel_first_bench.py`). The product
+    comes out [N, M]; the barrier keeps XLA from folding the (small) transpose back into the
+    product, which would restore the slow form.
     """
     flat = x.reshape(-1, x.shape[-1])  # [M, K]
     out_t = jnp.einsum("NK,MK->NM", kernel_t, flat, **kwargs)
