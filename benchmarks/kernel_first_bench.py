@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import pathlib
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +36,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from decoding_bench import t5_small_pair, write_report  # noqa: E402
+from small_m_matmul_bench import time_pair  # noqa: E402 (alternates runners call by call)
 from t2t import models  # noqa: E402
 from t2t.nn import layers  # noqa: E402
 
@@ -75,19 +75,6 @@ def product_chain(kernel_first: bool, logits: bool):
     return jax.jit(run)
 
 
-def time_alternating(runners: dict, repeats: int) -> dict[str, list[float]]:
-    """Wall seconds per call of each runner, alternating runners call by call."""
-    for run in runners.values():
-        run()  # Warm-up (and compile).
-    times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def bench_products(rows: list[int], repeats: int) -> list[dict]:
     rng = np.random.default_rng(0)
     results = []
@@ -105,7 +92,7 @@ def bench_products(rows: list[int], repeats: int) -> list[dict]:
             args = {"usual": usual, "kernel first": first}
             out = {f: fns[f](x, args[f]) for f in fns}
             np.testing.assert_allclose(out["usual"], out["kernel first"], rtol=1e-4, atol=1e-4)
-            times = time_alternating(
+            times = time_pair(
                 {f: functools.partial(lambda f: fns[f](x, args[f]).block_until_ready(), f)
                  for f in fns}, repeats)
             ms = {f: statistics.median(t) / (5 * count) * 1e3 for f, t in times.items()}
@@ -119,9 +106,7 @@ def bench_products(rows: list[int], repeats: int) -> list[dict]:
 
 
 def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -> list[dict]:
-    import decoding_bench  # noqa: PLC0415 (needs torch; only for the shared weights)
-
-    _, model, params = decoding_bench.t5_small_pair()
+    _, model, params = t5_small_pair()
     forms = {flag: models.EncoderDecoderModel(model.config, kernel_first_steps=flag)
              for flag in (False, True)}
     rng = np.random.default_rng(0)
@@ -137,7 +122,7 @@ def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -
         }
         tokens = {flag: np.asarray(c(params, batch)) for flag, c in compiled.items()}
         assert np.array_equal(tokens[False], tokens[True]), "kernel first changed the tokens"
-        times = time_alternating(
+        times = time_pair(
             {flag: functools.partial(lambda c: c(params, batch).block_until_ready(), c)
              for flag, c in compiled.items()}, repeats)
         ratios = [a / b for a, b in zip(times[False], times[True])]
@@ -168,13 +153,7 @@ def main() -> None:
               "products": bench_products(args.rows, args.repeats)}
     if not args.no_decodes:
         report["decodes"] = bench_decodes(args.repeats)
-    report["load_average_after"] = os.getloadavg()
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
-
+    write_report(report, args.out)
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,7 @@ and writes `benchmarks/results/decoding_ratios.png`:
 - top: output tokens/s of t2t over HF for greedy and beam-4, best run (filled) and median run
   (hollow), one column per benchmark run; the model-parallel runs (`--model-parallel 2`) on the
   right;
+- shaded: the runs whose decoding steps multiply kernel first (from run 14 on);
 - bottom: where the ratio comes from, t2t's speed-up on each step after the first and on the
   first token (encoder, cross-attention set-up and one step), for the runs that measured them.
 
@@ -43,11 +44,15 @@ RUNS = (
     ("12", "decoding_run12.json", "D"),
     ("13", "decoding_run13.json", "E"),
     ("14", "decoding_run14.json", "E"),
+    ("15", "decoding_run15.json", "E"),
     ("mp1", "decoding_model_parallel_run1.json", "A"),
     ("mp2", "decoding_model_parallel_run2.json", "A"),
     ("mp3", "decoding_model_parallel_run3.json", "C"),
     ("mp4", "decoding_model_parallel_run4.json", "C"),
 )
+
+# Runs of the code whose decoding steps multiply kernel first (t2t.nn.layers.kernel_first_matmul).
+KERNEL_FIRST_RUNS = ("14", "15")
 
 
 def load_runs(results: pathlib.Path) -> list[tuple[str, str, dict]]:
@@ -95,6 +100,14 @@ def plot(runs: list[tuple[str, str, dict]], out: pathlib.Path) -> None:
         low, high = axis.get_ylim()
         axis.set_ylim(low - 0.35 * (high - low), high)
     top.text(len(runs) - 0.5, TARGET, f" target {TARGET}x", va="bottom", ha="right", color="gray")
+    labels = [label for label, _, _ in runs]
+    if KERNEL_FIRST_RUNS[0] in labels:  # shade the runs with kernel-first decoding steps
+        first = labels.index(KERNEL_FIRST_RUNS[0])
+        last = max(labels.index(label) for label in KERNEL_FIRST_RUNS if label in labels)
+        for axis in (top, bottom):
+            axis.axvspan(first - 0.5, last + 0.5, color="tab:green", alpha=0.08, linewidth=0)
+        top.text((first + last) / 2, top.get_ylim()[1], "kernel-first steps", ha="center",
+                 va="top", color="tab:green", fontsize=8)
     top.set_ylabel("t2t / HF output tokens/s")
     top.set_title("T5-small decoding, 16 x 128 tokens -> 64, vs. HF transformers generate (2 CPU cores)")
     top.legend(fontsize=8, ncol=2, loc="lower left")

@@ -183,7 +183,7 @@ class Embed(nnx.Module):
             config.params_dtype,
             (axes.VOCAB, axes.EMBED),
         )
-        self.steps = False  # set by `prepare_for_steps` inside a decoding trace
+        self.kernel_first = False  # set by `prepare_for_steps` inside a decoding trace
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[B, L] int -> [B, L, D] in the compute dtype."""
@@ -193,7 +193,7 @@ class Embed(nnx.Module):
         """[B, T, D] -> [B, T, V] float32: dot products with every embedding row."""
         table = self.embedding[...].astype(self.dtype)
         flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)  # [B * T, D] (see `matmul`)
-        if self.steps:  # the table [V, D] is already kernel-first
+        if self.kernel_first:  # the table [V, D] is already the kernel-first layout
             logits = kernel_first_matmul(flat, table, preferred_element_type=jnp.float32)
         else:
             logits = jnp.einsum("TD,VD->TV", flat, table, preferred_element_type=jnp.float32)
@@ -201,7 +201,7 @@ class Embed(nnx.Module):
 
     def prepare_for_steps(self) -> None:
         """From here on (in this trace) `attend` puts the table first (`kernel_first_matmul`)."""
-        self.steps = True
+        self.kernel_first = True
 
 
 def prepare_for_steps(*modules: nnx.Module) -> None:
