@@ -101,6 +101,7 @@ class BaseModel:
         self.kernel_first_steps = kernel_first_steps
         abstract = nnx.eval_shape(lambda: t2t_nn.build(config, nnx.Rngs(params=0)))
         self.graphdef, self._abstract_params = nnx.split(abstract)
+        self._decoding_graphdef = None  # built at the first decode of a scanned model
 
     def abstract_params(self) -> nnx.State:
         """The parameter tree with `jax.ShapeDtypeStruct` leaves (no memory used)."""
@@ -114,6 +115,21 @@ class BaseModel:
     def module(self, params: nnx.State) -> nnx.Module:
         """The network with `params` merged in (call inside the traced function)."""
         return nnx.merge(self.graphdef, params)
+
+    def decoding_module(self, params: nnx.State) -> nnx.Module:
+        """The network for cached decoding: `module(params)`, unscanned.
+
+        NOTE: decoding steps run the layers one by one, each with its own cache entry, so a
+        model trained with `scan_layers` decodes through the unscanned view of its parameters
+        (`t2t.nn.to_layout`): the same function, with per-layer slices of the stacked arrays.
+        """
+        if not self.config.scan_layers:
+            return self.module(params)
+        unscanned = self.config.replace(scan_layers=False)
+        if self._decoding_graphdef is None:
+            abstract = nnx.eval_shape(lambda: t2t_nn.build(unscanned, nnx.Rngs(params=0)))
+            self._decoding_graphdef = nnx.split(abstract)[0]
+        return nnx.merge(self._decoding_graphdef, t2t_nn.to_layout(params, unscanned))
 
     # -- training ----------------------------------------------------------------------------
 
@@ -315,7 +331,7 @@ class EncoderDecoderModel(BaseModel):
 
     def decoding_setup(self, params, batch, max_decode_length, kernel_first=False):
         _require(batch, ("encoder_input_tokens",), "predict_batch")
-        module = self.module(params)
+        module = self.decoding_module(params)
         inputs = batch["encoder_input_tokens"]
         cache = module.init_cache(module.encode(inputs), inputs, max_decode_length)
         if kernel_first:
@@ -393,7 +409,7 @@ class DecoderOnlyModel(BaseModel):
         return batch["decoder_input_tokens"].shape[0]
 
     def decoding_setup(self, params, batch, max_decode_length, kernel_first=False):
-        module = self.module(params)
+        module = self.decoding_module(params)
         prompt = batch["decoder_input_tokens"]  # [B, W]
         lengths = self._prompt_lengths(batch)
         # NOTE: the prefill covers the whole row, x_P included, so the prefix's keys see x_P as

@@ -56,7 +56,10 @@ def adafactor(
         X = X - learning_rate_t * max(min_param_scale, RMS(X)) * U
 
     No momentum and no weight decay. Attention kernels are 2-D (`[D, N*H]`), so they are factored
-    over their true rows and columns.
+    over their true rows and columns. A parameter of scanned layers (a `layers` component in its
+    path, stacked `[L, ...]` along axis 0) is treated as L separate parameters: factored over
+    each layer's own dimensions, clipped and scaled by each layer's own RMS (`per_layer`), so
+    a scanned model trains exactly as the unscanned one.
 
     Args:
         learning_rate: a float or a schedule (step -> rate), e.g. `inverse_sqrt()`.
@@ -87,7 +90,63 @@ def adafactor(
     if min_param_scale is not None:
         steps.append(optax.scale_by_param_block_rms(min_param_scale))
     steps.append(optax.scale_by_learning_rate(learning_rate))  # negates: descent
-    return optax.chain(*steps)
+    return per_layer(optax.chain(*steps))
+
+
+# A path component that marks parameters of scanned layers, stacked along axis 0.
+STACKED_LAYERS = "layers"
+
+
+def _stacked_mask(params: Any) -> Any:
+    """A tree like `params`: True for leaves of scanned layers (`.../layers/...`)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: STACKED_LAYERS in param_path(path).split("/"), params)
+
+
+def _vmapped_leaves(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` run separately on each slice [i] of every leaf: `jax.vmap` over axis 0, per leaf."""
+
+    def init(params):
+        return jax.tree.map(jax.vmap(tx.init), params)
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("per_layer needs params: call update(updates, state, params).")
+        results = jax.tree.map(jax.vmap(tx.update), updates, state, params)
+        new_updates = jax.tree.map(lambda _, r: r[0], updates, results)
+        new_state = jax.tree.map(lambda _, r: r[1], updates, results)
+        return new_updates, new_state
+
+    return optax.GradientTransformation(init, update)
+
+
+def per_layer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` with every parameter of scanned layers treated as one parameter per layer.
+
+    A stacked `[L, ...]` leaf gets `tx` vmapped over its layer axis, so statistics computed over
+    a whole parameter (Adafactor's factored moments, block RMS clipping and scaling) are those
+    of each layer alone, as in the unscanned layout. Other leaves get `tx` as is; with no
+    stacked leaf at all the state is exactly `tx`'s.
+    """
+    split = optax.chain(
+        optax.masked(tx, lambda params: jax.tree.map(lambda m: not m, _stacked_mask(params))),
+        optax.masked(_vmapped_leaves(tx), _stacked_mask),
+    )
+
+    def has_stacked(params) -> bool:
+        return any(jax.tree.leaves(_stacked_mask(params)))
+
+    def init(params):
+        return split.init(params) if has_stacked(params) else tx.init(params)
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("per_layer needs params: call update(updates, state, params).")
+        if has_stacked(params):
+            return split.update(updates, state, params)
+        return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from t2t.nn.config import ARCHITECTURES, TransformerConfig
 from t2t.nn.decoder_only import DecoderOnly
 from t2t.nn.encoder_decoder import EncoderDecoder
 from t2t.nn.presets import PRESETS, get_preset
+from t2t.nn.stacking import stack_layers, unstack_layers
 from t2t.nn.stacks import resize_cache
 
 
@@ -26,6 +27,27 @@ def build(config: TransformerConfig, rngs: nnx.Rngs) -> EncoderDecoder | Decoder
     return EncoderDecoder(config, rngs=rngs)
 
 
+def to_layout(params: nnx.State, config: TransformerConfig) -> nnx.State:
+    """Parameters of either layer layout (scanned or unscanned) in the layout `config` asks for.
+
+    Values are only moved (`stack_layers` / `unstack_layers`), so the model computes exactly the
+    same function. Works on concrete and traced arrays; the result's Variables carry the logical
+    axes of `config`'s layout.
+
+    Args:
+      params: an `nnx.State` of the network's parameters, scanned or not.
+      config: the target network; only `scan_layers` may differ from the source's.
+
+    Returns:
+      An `nnx.State` laid out as `build(config, ...)` would make it.
+    """
+    values = nnx.to_pure_dict(params)
+    values = stack_layers(values) if config.scan_layers else unstack_layers(values)
+    _, target = nnx.split(nnx.eval_shape(lambda: build(config, nnx.Rngs(params=0))))
+    nnx.replace_by_pure_dict(target, values)
+    return target
+
+
 __all__ = [
     "ARCHITECTURES",
     "PRESETS",
@@ -35,4 +57,7 @@ __all__ = [
     "build",
     "get_preset",
     "resize_cache",
+    "stack_layers",
+    "to_layout",
+    "unstack_layers",
 ]

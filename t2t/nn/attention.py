@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t2t.nn import axes, layers
+from t2t.nn.sharding import constrain
 from t2t.nn.config import TransformerConfig
 
 
@@ -47,7 +48,8 @@ class MultiHeadAttention(nnx.Module):
         """[B, S, D] -> keys and values, each [B, N, S, H] (the cache layout)."""
         k = self._split_heads(self.key(inputs_kv))  # [B, S, N, H]
         v = self._split_heads(self.value(inputs_kv))
-        return jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+        return (constrain(jnp.swapaxes(k, 1, 2), axes.BNLH),
+                constrain(jnp.swapaxes(v, 1, 2), axes.BNLH))
 
     def __call__(
         self,
@@ -93,13 +95,13 @@ class MultiHeadAttention(nnx.Module):
         Returns:
           [B, L, D].
         """
-        q = self._split_heads(self.query(inputs_q))  # [B, L, N, H]
+        q = constrain(self._split_heads(self.query(inputs_q)), axes.BLNH)  # [B, L, N, H]
         logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=jnp.float32)
         if bias is not None:
             logits = logits + bias
         weights = jax.nn.softmax(logits, axis=-1)  # [B, N, L, S] float32
         weights = layers.dropout(weights, self.dropout_rate, rngs).astype(self.dtype)
-        out = jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
+        out = constrain(jnp.einsum("BNLS,BNSH->BLNH", weights, v), axes.BLNH)  # [B, L, N, H]
         return self.out(out.reshape(*out.shape[:2], -1))  # [B, L, D]
 
 
@@ -118,4 +120,4 @@ def write_cache(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array
     def write_row(row, update, start):  # [N, S, H], [N, P, H], []
         return jax.lax.dynamic_update_slice_in_dim(row, update.astype(row.dtype), start, axis=1)
 
-    return jax.vmap(write_row)(cache, new, index)
+    return constrain(jax.vmap(write_row)(cache, new, index), axes.BNLH)

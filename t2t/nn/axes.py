@@ -18,6 +18,7 @@ HEADS = "heads"
 KV = "kv"
 JOINED_KV = "joined_kv"  # heads * d_kv flattened: attention kernels stay 2-D for Adafactor.
 RELPOS_BUCKETS = "relpos_buckets"
+LAYERS = "layers"  # the stacking axis of scanned layers (`TransformerConfig.scan_layers`).
 
 # Activation axes.
 ACT_BATCH = "activation_batch"
@@ -28,5 +29,14 @@ ACT_HEADS = "activation_heads"
 ACT_KV = "activation_kv"
 ACT_VOCAB = "activation_vocab"
 
-PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS)
+PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS, LAYERS)
 ACTIVATION_AXES = (ACT_BATCH, ACT_LENGTH, ACT_EMBED, ACT_MLP, ACT_HEADS, ACT_KV, ACT_VOCAB)
+
+# The layouts of the constrained activations (see `t2t.nn.sharding.constrain`), in the one-letter
+# alphabet of the shape comments: B batch (or decoding rows), L length, D d_model, F d_ff, N heads,
+# H d_kv, V vocab.
+BLD = (ACT_BATCH, ACT_LENGTH, ACT_EMBED)  # embeddings out, each layer's residual stream
+BLF = (ACT_BATCH, ACT_LENGTH, ACT_MLP)  # MLP hidden units
+BLNH = (ACT_BATCH, ACT_LENGTH, ACT_HEADS, ACT_KV)  # attention queries, attention output
+BNLH = (ACT_BATCH, ACT_HEADS, ACT_LENGTH, ACT_KV)  # keys and values, the decoding cache
+BLV = (ACT_BATCH, ACT_LENGTH, ACT_VOCAB)  # logits

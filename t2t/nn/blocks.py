@@ -11,8 +11,9 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from t2t.nn import attention, layers
+from t2t.nn import attention, axes, layers
 from t2t.nn.config import TransformerConfig
+from t2t.nn.sharding import constrain
 
 KV = tuple[jax.Array, jax.Array]
 
@@ -33,7 +34,7 @@ class EncoderLayer(nnx.Module):
         y = self.attention(y, y, bias, rngs=rngs)
         x = x + layers.dropout(y, self.dropout_rate, rngs)
         y = self.mlp(self.pre_mlp_layer_norm(x), rngs=rngs)
-        return x + layers.dropout(y, self.dropout_rate, rngs)
+        return constrain(x + layers.dropout(y, self.dropout_rate, rngs), axes.BLD)
 
 
 class DecoderLayer(nnx.Module):
@@ -100,7 +101,7 @@ class DecoderLayer(nnx.Module):
             cross_kv = self.encoder_decoder_attention.project_kv(encoded)
             x = self._cross_attend(x, cross_kv, cross_bias, rngs)
         y = mlp(mlp_norm(x), rngs=rngs)
-        return x + layers.dropout(y, self.dropout_rate, rngs), (k, v)
+        return constrain(x + layers.dropout(y, self.dropout_rate, rngs), axes.BLD), (k, v)
 
     def _cross_attend(self, x, cross_kv: KV, cross_bias, rngs):
         y = self.pre_cross_attention_layer_norm(x)

@@ -20,6 +20,8 @@ DECODER_ONLY_ARCHITECTURES = ("decoder_only", "prefix_lm")
 MLP_ACTIVATIONS = (("relu",), ("gelu", "linear"), ("relu", "linear"))
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# What the backward pass keeps of each layer's forward pass (`t2t.nn.stacking.REMAT_POLICIES`).
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 PARAM_DTYPES = ("float32", "bfloat16")
 
 
@@ -49,6 +51,14 @@ class TransformerConfig:
       param_dtype: storage dtype of parameters ("float32" by default).
       architecture: one of `encoder_decoder`, `encoder_decoder_shared`, `decoder_only`,
         `prefix_lm`.
+      scan_layers: stack each stack's layer parameters along a leading `layers` axis and run
+        them with `jax.lax.scan` (compile time independent of depth). Changes the parameter
+        layout (`encoder/layers/...` instead of `encoder/layers_{i}/...`), not the function;
+        `t2t.nn.stacking` converts checkpoints between the layouts.
+      remat_policy: what the backward pass keeps of each layer's forward pass: "none",
+        "full" (only the layer's input; recompute the rest), "dots" (every matmul output) or
+        "dots_with_no_batch_dims" (projection outputs; recompute attention). Changes memory and
+        FLOPs, not values.
     """
 
     vocab_size: int
@@ -67,6 +77,8 @@ class TransformerConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     architecture: str = "encoder_decoder"
+    scan_layers: bool = False
+    remat_policy: str = "none"
 
     def __post_init__(self):
         # Normalize inputs that arrive as lists (JSON, gin) or dtype objects to canonical forms,
@@ -117,6 +129,15 @@ class TransformerConfig:
             raise TypeError(
                 "TransformerConfig.logits_via_embedding must be a bool, got "
                 f"{self.logits_via_embedding!r}."
+            )
+        if not isinstance(self.scan_layers, bool):
+            raise TypeError(
+                f"TransformerConfig.scan_layers must be a bool, got {self.scan_layers!r}."
+            )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"TransformerConfig.remat_policy must be one of {REMAT_POLICIES}, got "
+                f"{self.remat_policy!r}."
             )
         if self.is_decoder_only and self.num_encoder_layers != 0:
             raise ValueError(

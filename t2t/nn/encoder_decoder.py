@@ -42,7 +42,7 @@ class EncoderDecoder(nnx.Module):
 
     def _shared_layers(self):
         if self.config.architecture == "encoder_decoder_shared":
-            return self.encoder.layers
+            return self.encoder.layer_modules()
         return None
 
     def encode(
@@ -157,7 +157,7 @@ class EncoderDecoder(nnx.Module):
             encoded.shape[0], max_decode_length, c.num_heads, c.d_kv, c.compute_dtype
         )
         per_input = {"cross_bias": masks.mask_to_bias(encoder_input_tokens > 0)}
-        for i, layer in enumerate(self.decoder.layers):
+        for i, layer in enumerate(self.decoder.unrolled_layers()):
             k, v = layer.encoder_decoder_attention.project_kv(encoded)
             per_input[f"layers_{i}"] = {"cross_key": k, "cross_value": v}
         cache[SHARED] = per_input

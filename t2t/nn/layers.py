@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t2t.nn import axes
+from t2t.nn.sharding import constrain
 from t2t.nn.config import TransformerConfig
 
 Initializer = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
@@ -187,7 +188,8 @@ class Embed(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[B, L] int -> [B, L, D] in the compute dtype."""
-        return jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+        x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+        return constrain(x, axes.BLD)
 
     def attend(self, x: jax.Array) -> jax.Array:
         """[B, T, D] -> [B, T, V] float32: dot products with every embedding row."""
@@ -197,7 +199,7 @@ class Embed(nnx.Module):
             logits = kernel_first_matmul(flat, table, preferred_element_type=jnp.float32)
         else:
             logits = jnp.einsum("TD,VD->TV", flat, table, preferred_element_type=jnp.float32)
-        return logits.reshape(*x.shape[:-1], table.shape[0])  # [B, T, V]
+        return constrain(logits.reshape(*x.shape[:-1], table.shape[0]), axes.BLV)  # [B, T, V]
 
     def prepare_for_steps(self) -> None:
         """From here on (in this trace) `attend` puts the table first (`kernel_first_matmul`)."""
@@ -265,5 +267,5 @@ class Mlp(nnx.Module):
         else:
             h = _ACTIVATIONS[self.activations[0]](self.wi_0(x))
             h = h * _ACTIVATIONS[self.activations[1]](self.wi_1(x))  # [B, L, F]
-        h = dropout(h, self.dropout_rate, rngs)
+        h = dropout(constrain(h, axes.BLF), self.dropout_rate, rngs)
         return self.wo(h)

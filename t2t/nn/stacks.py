@@ -16,29 +16,45 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t2t.decoding import SHARED
-from t2t.nn import axes, blocks, layers, masks
+from t2t.nn import axes, blocks, layers, masks, stacking
 from t2t.nn.config import TransformerConfig
 from t2t.nn.relative_position import RelativePositionBias
+from t2t.nn.sharding import constrain
 
 
-def _layers(module: nnx.Module, count: int) -> list:
-    return [getattr(module, f"layers_{i}") for i in range(count)]
+def _build_layers(module: nnx.Module, config: TransformerConfig, make) -> None:
+    """Sets `layers_{i}` (unrolled) or the one stacked module `layers` (scanned) on `module`."""
+    count = module.num_layers
+    if config.scan_layers:
+        setattr(module, stacking.LAYERS_MODULE, stacking.stack_modules([make() for _ in range(count)]))
+    else:
+        for i in range(count):
+            setattr(module, stacking.layer_name(i), make())
+
+
+def _layer_modules(module: nnx.Module):
+    """What `stacking.apply_layers` runs: the stacked module, or the list of layer modules."""
+    if module.scanned:
+        return getattr(module, stacking.LAYERS_MODULE)
+    return [getattr(module, stacking.layer_name(i)) for i in range(module.num_layers)]
 
 
 class Encoder(nnx.Module):
-    """Bidirectional stack: `layers_{i}`, `relpos_bias`, `encoder_norm`."""
+    """Bidirectional stack: `layers_{i}` (or the scanned `layers`), `relpos_bias`,
+    `encoder_norm`."""
 
     def __init__(self, config: TransformerConfig, *, rngs: layers.Keys):
         self.num_layers = config.num_encoder_layers
+        self.scanned = config.scan_layers
+        self.remat_policy = config.remat_policy
         self.dropout_rate = config.dropout_rate
         self.relpos_bias = RelativePositionBias(config, bidirectional=True, rngs=rngs)
-        for i in range(self.num_layers):
-            setattr(self, f"layers_{i}", blocks.EncoderLayer(config, rngs=rngs))
+        _build_layers(self, config, lambda: blocks.EncoderLayer(config, rngs=rngs))
         self.encoder_norm = layers.RMSNorm(config, rngs=rngs)
 
-    @property
-    def layers(self) -> list[blocks.EncoderLayer]:
-        return _layers(self, self.num_layers)
+    def layer_modules(self):
+        """The stacked layers module (scanned) or the list of layers, for `apply_layers`."""
+        return _layer_modules(self)
 
     def __call__(self, x: jax.Array, mask: jax.Array | None, *, rngs=None) -> jax.Array:
         """[B, L, D] embedded inputs, [B, 1, L, L] bool mask -> [B, L, D]."""
@@ -48,10 +64,22 @@ class Encoder(nnx.Module):
         if mask is not None:
             bias = bias + masks.mask_to_bias(mask)  # [B, N, L, L]
         x = layers.dropout(x, self.dropout_rate, rngs)
-        for layer in self.layers:
-            x = layer(x, bias, rngs=rngs)
+
+        def body(layer, _, x, layer_rngs):
+            return layer(x, bias, rngs=layer_rngs), None
+
+        x, _ = stacking.apply_layers(body, _layer_modules(self), x, rngs=rngs,
+                                     remat_policy=self.remat_policy, num_layers=self.num_layers)
         x = self.encoder_norm(x)
         return layers.dropout(x, self.dropout_rate, rngs)
+
+
+def _require_unscanned(stack: nnx.Module, what: str) -> None:
+    if stack.scanned:
+        raise ValueError(
+            f"A scanned stack (scan_layers=True) has no {what}: its layers are one stacked "
+            "module. Decode with the unscanned layout (`t2t.nn.unscanned(model)`)."
+        )
 
 
 class Decoder(nnx.Module):
@@ -59,16 +87,15 @@ class Decoder(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, cross_attention: bool, rngs: layers.Keys):
         self.num_layers = config.num_decoder_layers
+        self.scanned = config.scan_layers
+        self.remat_policy = config.remat_policy
         self.dropout_rate = config.dropout_rate
         self.logits_via_embedding = config.logits_via_embedding
         self.d_model = config.d_model
         shares = config.architecture == "encoder_decoder_shared"
         self.relpos_bias = RelativePositionBias(config, bidirectional=False, rngs=rngs)
-        for i in range(self.num_layers):
-            layer = blocks.DecoderLayer(
-                config, cross_attention=cross_attention, shares_encoder_layer=shares, rngs=rngs
-            )
-            setattr(self, f"layers_{i}", layer)
+        _build_layers(self, config, lambda: blocks.DecoderLayer(
+            config, cross_attention=cross_attention, shares_encoder_layer=shares, rngs=rngs))
         self.decoder_norm = layers.RMSNorm(config, rngs=rngs)
         if not self.logits_via_embedding:
             self.logits_dense = layers.Dense(
@@ -76,9 +103,10 @@ class Decoder(nnx.Module):
                 init=layers.fan_in_init(), rngs=rngs,
             )
 
-    @property
-    def layers(self) -> list[blocks.DecoderLayer]:
-        return _layers(self, self.num_layers)
+    def unrolled_layers(self) -> list[blocks.DecoderLayer]:
+        """The layer modules in order, for decoding steps (unscanned stacks only)."""
+        _require_unscanned(self, "layers to decode one by one")
+        return _layer_modules(self)
 
     def __call__(
         self,
@@ -99,7 +127,8 @@ class Decoder(nnx.Module):
           encoded: [B, L, D] encoder output, or None without cross-attention.
           cross_mask: [B, 1, T or 1, L] bool.
           embedder: the token embedding (for tied logits).
-          shared_layers: encoder layers to borrow from (shared encoder-decoder only).
+          shared_layers: the encoder's layers to borrow from (shared encoder-decoder only),
+            as `Encoder.layer_modules()` gives them.
           rngs: dropout when given.
 
         Returns:
@@ -108,19 +137,24 @@ class Decoder(nnx.Module):
         x, _ = self.run_layers(x, self_mask, encoded, cross_mask, shared_layers, rngs)
         return self.logits(x, embedder, rngs)
 
-    def run_layers(self, x, self_mask, encoded, cross_mask, shared_layers, rngs):
-        """The layers over [B, T, D]; returns the output and every layer's keys and values."""
+    def run_layers(self, x, self_mask, encoded, cross_mask, shared_layers, rngs,
+                   *, return_kv: bool = False):
+        """The layers over [B, T, D]; returns the output and, with `return_kv`, every layer's
+        self-attention keys and values (else an empty list)."""
         length = x.shape[1]
         positions = jnp.arange(length)
         self_bias = self.relpos_bias(positions, positions) + masks.mask_to_bias(self_mask)
         cross_bias = masks.mask_to_bias(cross_mask)
         x = layers.dropout(x, self.dropout_rate, rngs)
-        kvs = []
-        for i, layer in enumerate(self.layers):
-            shared = None if shared_layers is None else shared_layers[i]
-            x, kv = layer(x, self_bias, encoded, cross_bias, shared=shared, rngs=rngs)
-            kvs.append(kv)
-        return x, kvs
+
+        def body(layer, shared, x, layer_rngs):
+            x, kv = layer(x, self_bias, encoded, cross_bias, shared=shared, rngs=layer_rngs)
+            return x, kv if return_kv else None
+
+        x, kvs = stacking.apply_layers(
+            body, _layer_modules(self), x, rngs=rngs, remat_policy=self.remat_policy,
+            shared=shared_layers, num_layers=self.num_layers)
+        return x, kvs if return_kv else []
 
     def logits(self, x: jax.Array, embedder: layers.Embed, rngs=None) -> jax.Array:
         """Final norm, dropout and the output projection: [B, T, D] -> [B, T, V] float32."""
@@ -129,7 +163,7 @@ class Decoder(nnx.Module):
         if self.logits_via_embedding:
             # NOTE: tied logits rescale the decoder output by d_model**-0.5 (T5 v1.0).
             return embedder.attend(x * jnp.asarray(self.d_model**-0.5, x.dtype))
-        return self.logits_dense(x).astype(jnp.float32)
+        return constrain(self.logits_dense(x).astype(jnp.float32), axes.BLV)
 
     def step(
         self,
@@ -164,7 +198,7 @@ class Decoder(nnx.Module):
         if per_input is not None:
             cross_bias = per_input["cross_bias"][:, None, None, :]  # [B, 1, 1, L]
         new_cache = dict(cache)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.unrolled_layers()):
             shared = None if shared_layers is None else shared_layers[i]
             cross_kv = None
             if per_input is not None:
@@ -183,7 +217,7 @@ class Decoder(nnx.Module):
     ) -> None:
         """Has `step` multiply kernel first from here on in this trace (`layers.Dense`): every
         layer's step kernels and the output projection (the tied embedding or `logits_dense`)."""
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.unrolled_layers()):
             layer.prepare_for_steps(None if shared_layers is None else shared_layers[i])
         layers.prepare_for_steps(embedder if self.logits_via_embedding else self.logits_dense)
 
@@ -192,9 +226,9 @@ class Decoder(nnx.Module):
         shape = (batch_size, num_heads, max_length, d_kv)
         cache = {"index": jnp.zeros((batch_size,), jnp.int32)}
         for i in range(self.num_layers):
-            cache[f"layers_{i}"] = {
-                "self_key": jnp.zeros(shape, dtype),
-                "self_value": jnp.zeros(shape, dtype),
+            cache[stacking.layer_name(i)] = {
+                "self_key": constrain(jnp.zeros(shape, dtype), axes.BNLH),
+                "self_value": constrain(jnp.zeros(shape, dtype), axes.BNLH),
             }
         return cache
 

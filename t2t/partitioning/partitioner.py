@@ -322,13 +322,19 @@ def _statistic_names(
 ) -> tuple[str | None, ...]:
     """Logical names of an optimizer-state leaf at `path` from the parameter it mirrors."""
     parts = path.split("/")
-    for start in range(len(parts)):  # longest parameter path that ends this path
-        suffix = "/".join(parts[start:])
-        if suffix in params:
-            param_shape, names = params[suffix]
-            break
-    else:
+    # The longest parameter path within this path: optax states hold per-parameter trees
+    # (".../v_row/encoder/layers_0/mlp/wi/kernel"), or per-parameter states when a
+    # transformation runs per leaf (".../encoder/layers/mlp/wi/kernel/0/v_row", scanned layers).
+    found = None
+    for start in range(len(parts)):
+        for end in range(len(parts), start, -1):
+            candidate = "/".join(parts[start:end])
+            if candidate in params and (found is None or end - start > found[0]):
+                found = (end - start, candidate)
+                break
+    if found is None:
         return ()
+    param_shape, names = params[found[1]]
     if not names:
         return ()
     if shape == param_shape:

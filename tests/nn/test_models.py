@@ -118,7 +118,7 @@ def _steps(model, prepare: bool, length: int):
         cache = module.init_cache(module.encode(inputs), inputs, max_decode_length=length)
         if prepare:
             module.prepare_for_steps()
-            layer = module.decoder.layers[0]
+            layer = module.decoder.layers_0
             assert layer.encoder_decoder_attention.query.step_kernel is not None
             assert layer.encoder_decoder_attention.key.step_kernel is None  # used before steps
         logits = []
