@@ -104,8 +104,11 @@ def _add_gin_flags(parser) -> None:
                      "Flags override gin bindings of the same argument.")
 
 
-def _configure(args) -> None:
-    """Imports the --import modules, then parses the gin files and --gin.NAME=VALUE bindings."""
+def _configure(args, *, finalize: bool = True) -> None:
+    """Imports the --import modules, then parses the gin files and --gin.NAME=VALUE bindings.
+
+    `finalize=False` leaves required macros of runs that are not called (MODEL_DIR for
+    `t2t compile`) unchecked."""
     import importlib
 
     from t2t import runs
@@ -114,7 +117,7 @@ def _configure(args) -> None:
         importlib.import_module(module)
     paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
     try:
-        runs.configure(args.gin_file, args.gin_bindings, paths)
+        runs.configure(args.gin_file, args.gin_bindings, paths, finalize=finalize)
     except SyntaxError as error:  # gin could not parse a file or a --gin.NAME=VALUE binding
         where = f"{error.filename}, line {error.lineno}" if error.filename else "a binding"
         # gin's message ends with its own reason ("Failed to parse token 'runs'"); the lines
@@ -318,7 +321,61 @@ def _train(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-SUBCOMMANDS = [_vocab, _cache, _train, _eval, _infer, _export, _average]
+def _compile(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compile",
+        help="compile a training run for a TPU slice or CPU devices ahead of time: memory, "
+        "FLOPs, collectives, and what would make it fit",
+        description="Lower and compile the train step (and greedy decoding) that `t2t train` "
+        "would run under the same gin files, with their real shardings, on abstract inputs: "
+        "nothing runs and no data is read. --topology uses libtpu's compiler (pip install -e "
+        "'.[tpu]'; no TPU needed). Reports memory per device against the device's, compiled vs. "
+        "model FLOPs, the collectives and a roofline bound; exits 1 when the step does not fit, "
+        "with settings that would make it fit. Example: t2t compile --gin_file="
+        "gin/experiments/t5_1_1_base_c4.gin --topology=v5e:4x4 --batch_size=2048 "
+        "--sharding_mode=fsdp --remat_policy=full --scan_layers",
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--topology", help="a Cloud TPU slice: GENERATION:CHIPS, e.g. v5e:4x4, "
+                        "v4:4x4x4, v5p:8x8x16, v3:16x32 (v2, v3, v4, v5e, v5p, v6e)")
+    target.add_argument("--cpu_devices", type=int, help="compile for N CPU devices instead")
+    parser.add_argument("--device_memory_gib", type=float,
+                        help="with --cpu_devices: memory per device to check against")
+    parser.add_argument("--batch_size", type=int, help="global batch (default: the run's)")
+    parser.add_argument("--mesh_shape", type=_ints, help="DATA,MODEL (default: the run's)")
+    parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
+    parser.add_argument("--num_microbatches", type=int)
+    parser.add_argument("--remat_policy",
+                        choices=("none", "full", "dots", "dots_with_no_batch_dims"))
+    parser.add_argument("--scan_layers", action="store_true", default=None,
+                        help="scan the layers (default: the model config's)")
+    parser.add_argument("--no_decode", dest="decode", action="store_false", default=None,
+                        help="compile the train step only")
+    parser.add_argument("--output_json", help="write the report there as JSON")
+    _add_gin_flags(parser)
+
+    def handler(args) -> int:
+        if args.cpu_devices is not None:
+            from t2t.aot import targets
+
+            targets.ensure_cpu_devices(args.cpu_devices)
+        from t2t import runs
+
+        if not args.gin_file:
+            raise ValueError("t2t compile needs the run's --gin_file, e.g. "
+                             "--gin_file=gin/experiments/t5_1_1_base_c4.gin")
+        _configure(args, finalize=False)
+        names = ("topology", "cpu_devices", "device_memory_gib", "batch_size", "mesh_shape",
+                 "sharding_mode", "num_microbatches", "remat_policy", "scan_layers", "decode",
+                 "output_json")
+        kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+        report = runs.compile_train(**kwargs)
+        return 1 if report.fits is False else 0
+
+    parser.set_defaults(handler=handler)
+
+
+SUBCOMMANDS = [_vocab, _cache, _train, _eval, _infer, _export, _average, _compile]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,14 +427,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
         return 2
     try:
-        args.handler(args)
+        code = args.handler(args)
     except (ValueError, OSError) as error:  # bad input: a message, not a traceback
         print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
         return 2
     except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
         print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""What a compiled program costs: memory per device, FLOPs, collectives, a roofline bound.
+
+Everything here reads the compiler's own accounts of one device's program (XLA compiles one
+SPMD program that every device runs): `memory_analysis()` for buffers, `cost_analysis()` for
+FLOPs and bytes accessed, and the optimized HLO text for the collectives.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Any
+
+from t2t.aot.targets import Chip
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+# An instruction whose opcode is a collective (or its asynchronous start): "%x = SHAPE op(".
+_INSTRUCTION = re.compile(
+    r"=\s*(\([^=]*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+_ARRAY = re.compile(r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|"
+                    r"f8e4m3fn|f8e5m2)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
+          "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+          "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape string: "f32[8,128]{1,0}" -> 4096; tuples add up."""
+    total = 0.0
+    for dtype, dims in _ARRAY.findall(shape):
+        count = 1
+        for d in filter(None, dims.split(",")):
+            count *= int(d)
+        total += count * _BYTES[dtype]
+    return int(total)
+
+
+def collective_census(hlo_text: str) -> dict[str, dict[str, int]]:
+    """Count and output bytes of each kind of collective in optimized HLO text.
+
+    An asynchronous pair (`all-gather-start` / `-done`) counts once. Bytes are the sizes of the
+    results one device receives: for an all-gather the gathered array, for a reduce-scatter its
+    shard; an asynchronous start's tuple holds the operand too, so its last element is taken.
+
+    Returns:
+      {kind: {"count": n, "bytes": b}} for every kind in `COLLECTIVES` (zeros included).
+    """
+    census = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
+    for shape, kind, start in _INSTRUCTION.findall(hlo_text):
+        if start and shape.startswith("("):  # ((operands), result...) of an asynchronous start: the result is last
+            arrays = _ARRAY.findall(shape)
+            size = shape_bytes("{}[{}]".format(*arrays[-1])) if arrays else 0
+        else:
+            size = shape_bytes(shape)
+        census[kind]["count"] += 1
+        census[kind]["bytes"] += size
+    return census
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Bytes one device holds while the program runs (XLA's `memory_analysis`)."""
+
+    arguments: int
+    outputs: int
+    aliased: int  # outputs written in place of donated arguments
+    temporaries: int
+    code: int
+
+    @property
+    def total(self) -> int:
+        """Peak estimate: arguments, outputs not aliased to them, temporaries and code."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
+
+    @classmethod
+    def of(cls, compiled: Any) -> Memory:
+        m = compiled.memory_analysis()
+        return cls(int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
+                   int(m.alias_size_in_bytes), int(m.temp_size_in_bytes),
+                   int(m.generated_code_size_in_bytes))
+
+
+def costs(compiled: Any) -> dict[str, float]:
+    """FLOPs and bytes accessed of one device's program (`cost_analysis`)."""
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else {}
+    analysis = analysis or {}
+    return {"flops": float(analysis.get("flops", 0.0)),
+            "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
+
+
+def roofline(flops: float, bytes_moved: float, chip: Chip | None,
+             model_flops: float | None = None) -> dict[str, float] | None:
+    """A lower bound on step time from the chip's peaks, and the MFU it allows.
+
+    time >= max(FLOPs / peak FLOP/s, bytes / memory bandwidth): the step cannot compute faster
+    than the peak, nor move its data faster than the bandwidth, and both bounds hold even with
+    perfect overlap of compute, memory traffic and collectives. Real steps are slower; the bound
+    says which resource limits the best case and how far from the chip's peak it is.
+
+    Args:
+      flops: one device's matmul FLOPs (`t2t.aot.flops`: loops counted in full).
+      bytes_moved: bytes one device must at least read or write each step: every argument
+        read once and every output written once (XLA's own "bytes accessed" is not used: it
+        counts a loop body once and a fused operand at every use).
+      chip: the device's figures (None or zero peaks: no bound).
+      model_flops: the model's own FLOPs per device and step (`t2t.nn.flops`), for MFU.
+
+    Returns:
+      {"compute_seconds", "memory_seconds", "step_seconds", "bound", "mfu"} or None.
+    """
+    if chip is None or not chip.peak_flops or not chip.memory_bandwidth:
+        return None
+    compute = flops / chip.peak_flops
+    memory = bytes_moved / chip.memory_bandwidth
+    step = max(compute, memory)
+    out = {"compute_seconds": compute, "memory_seconds": memory, "step_seconds": step,
+           "bound": "compute" if compute >= memory else "memory"}
+    if model_flops is not None and step > 0:
+        out["mfu"] = model_flops / (step * chip.peak_flops)
+    return out
+
+
+# The out-of-memory message of libtpu's compiler, e.g. "... exceeds available HBM (15.75G)" or
+# "Used 40.12G of 15.75G hbm".
+_OOM_USED = re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm")
+_OOM_REQUIRED = re.compile(
+    r"required for [^(]*\(([\d.]+)([KMGT])?\) exceeds available HBM \(([\d.]+)([KMGT])?\)")
+_UNITS = {None: 1, "": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_out_of_memory(message: str) -> tuple[int, int] | None:
+    """(bytes required, bytes available) from a compiler out-of-memory error, or None."""
+    for pattern in (_OOM_USED, _OOM_REQUIRED):
+        match = pattern.search(message)
+        if match:
+            used, used_unit, limit, limit_unit = match.groups()
+            return (int(float(used) * _UNITS[used_unit or ""]),
+                    int(float(limit) * _UNITS[limit_unit or ""]))
+    return None
+
+
+def is_out_of_memory(message: str) -> bool:
+    return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message
+
+
+def count_by_kind(census: dict[str, dict[str, int]]) -> collections.Counter:
+    return collections.Counter({k: v["count"] for k, v in census.items() if v["count"]})
