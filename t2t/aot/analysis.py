@@ -7,7 +7,6 @@ FLOPs and bytes accessed, and the optimized HLO text for the collectives.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import re
 from typing import Any
@@ -36,25 +35,34 @@ def shape_bytes(shape: str) -> int:
     return int(total)
 
 
-def collective_census(hlo_text: str) -> dict[str, dict[str, int]]:
-    """Count and output bytes of each kind of collective in optimized HLO text.
+def collectives(hlo_text: str) -> list[tuple[str, str]]:
+    """(kind, result shape) of every collective in optimized HLO text, in program order.
 
-    An asynchronous pair (`all-gather-start` / `-done`) counts once. Bytes are the sizes of the
-    results one device receives: for an all-gather the gathered array, for a reduce-scatter its
-    shard; an asynchronous start's tuple holds the operand too, so its last element is taken.
+    An asynchronous pair (`all-gather-start` / `-done`) appears once, with the result of the
+    start's tuple (its last element; the others repeat the operands).
+    """
+    found = []
+    for shape, kind, start in _INSTRUCTION.findall(hlo_text):
+        if start and shape.startswith("("):
+            arrays = _ARRAY.findall(shape)
+            shape = "{}[{}]".format(*arrays[-1]) if arrays else ""
+        found.append((kind, shape))
+    return found
+
+
+def collective_census(hlo_text: str) -> dict[str, dict[str, int]]:
+    """Count and result bytes of each kind of collective in optimized HLO text.
+
+    Bytes are the sizes of the results one device receives: for an all-gather the gathered
+    array, for a reduce-scatter its shard.
 
     Returns:
       {kind: {"count": n, "bytes": b}} for every kind in `COLLECTIVES` (zeros included).
     """
     census = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
-    for shape, kind, start in _INSTRUCTION.findall(hlo_text):
-        if start and shape.startswith("("):  # ((operands), result...) of an asynchronous start: the result is last
-            arrays = _ARRAY.findall(shape)
-            size = shape_bytes("{}[{}]".format(*arrays[-1])) if arrays else 0
-        else:
-            size = shape_bytes(shape)
+    for kind, shape in collectives(hlo_text):
         census[kind]["count"] += 1
-        census[kind]["bytes"] += size
+        census[kind]["bytes"] += shape_bytes(shape)
     return census
 
 
@@ -144,7 +152,3 @@ def parse_out_of_memory(message: str) -> tuple[int, int] | None:
 
 def is_out_of_memory(message: str) -> bool:
     return "RESOURCE_EXHAUSTED" in message or "Ran out of memory" in message
-
-
-def count_by_kind(census: dict[str, dict[str, int]]) -> collections.Counter:
-    return collections.Counter({k: v["count"] for k, v in census.items() if v["count"]})

@@ -262,6 +262,8 @@ def _run_entry(shape: RunShape, partitioner: Partitioner) -> dict[str, Any]:
 
 
 def _gib(n: float) -> str:
+    if n < GIB / 10:
+        return f"{n / 2**20:.1f} MiB"
     return f"{n / GIB:.2f} GiB"
 
 

@@ -201,11 +201,13 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
 
     Returns:
       An `nnx.State` of `nnx.Param`s (with logical axis names) holding numpy arrays in
-      `config.param_dtype`; `nnx.merge(graphdef, state)` gives the model.
+      `config.param_dtype`, in `config`'s layer layout (scanned or not); `nnx.merge(graphdef,
+      state)` gives the model.
 
     Raises:
       ValueError: missing or unknown keys, or a shape that does not match the config.
     """
+    layout, config = config, config.replace(scan_layers=False)  # HF's layers are one by one
     table = rename_table(config)
     tensors = _drop_aliases(dict(tensors), config)
     expected = {row.hf_key for row in table}
@@ -233,13 +235,15 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
             )
         _set(pure, row.path, array.astype(target.dtype))
     nnx.replace_by_pure_dict(state, pure)
-    return state
+    return t2t_nn.to_layout(state, layout) if layout.scan_layers else state
 
 
 def params_to_hf(state: nnx.State | Mapping, config: TransformerConfig) -> dict[str, np.ndarray]:
-    """The parameter state of a t2t encoder-decoder -> HF key -> numpy array (contiguous)."""
+    """The parameter state of a t2t encoder-decoder (either layer layout) -> HF key -> numpy
+    array (contiguous)."""
     pure = state.to_pure_dict() if isinstance(state, nnx.State) else state
-    table = rename_table(config)
+    pure = t2t_nn.unstack_layers(pure)  # scanned layers stacked [L, ...] -> one by one
+    table = rename_table(config.replace(scan_layers=False))
     tensors = {}
     for row in table:
         try:

@@ -78,7 +78,8 @@ def _require_unscanned(stack: nnx.Module, what: str) -> None:
     if stack.scanned:
         raise ValueError(
             f"A scanned stack (scan_layers=True) has no {what}: its layers are one stacked "
-            "module. Decode with the unscanned layout (`t2t.nn.unscanned(model)`)."
+            "module. Decode with the unscanned layout: `t2t.nn.to_layout(params, "
+            "config.replace(scan_layers=False))` (the `t2t.models` wrappers do this)."
         )
 
 

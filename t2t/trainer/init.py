@@ -18,14 +18,16 @@ import jax
 import numpy as np
 from flax import nnx
 
+from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR, CheckpointManager, config_from_metadata
 from t2t.nn.config import TransformerConfig
 
 HF = "hf"
 T2T = "t2t"
-# Fields a fine-tuning run may change without changing the parameters' meaning.
-_FREE_FIELDS = ("dropout_rate", "dtype", "param_dtype")
+# Fields a fine-tuning run may change without changing the parameters' meaning (the layer
+# layout is converted, `t2t.nn.to_layout`).
+_FREE_FIELDS = ("dropout_rate", "dtype", "param_dtype", "scan_layers", "remat_policy")
 
 
 def checkpoint_kind(path: str) -> str:
@@ -83,20 +85,25 @@ def check_compatible(source: TransformerConfig, config: TransformerConfig, what:
 
 
 def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State,
-                step: int | None = None) -> tuple[nnx.State, dict[str, Any]]:
+                step: int | None = None, *, partitioner: Any = None,
+                ) -> tuple[nnx.State, dict[str, Any]]:
     """The parameters of a HF directory or t2t run, laid out as `abstract_params` says.
+
+    A source in the other layer layout (scanned or not) is converted (`t2t.nn.to_layout`).
 
     Args:
       path: a HF T5 directory or a t2t model directory.
       config: the run's network configuration (checked against the source's).
       abstract_params: the run's parameter shapes carrying shardings.
       step: which checkpoint of a t2t run (default: its latest).
+      partitioner: the run's partitioner; needed only to convert a t2t checkpoint of the other
+        layout (it is restored in its own layout's shards first).
 
     Returns:
       (params, description) where description says what was loaded (for logs and metadata).
     """
     if checkpoint_kind(path) == HF:
-        source, state = hf.import_hf(path)
+        source, state = hf.import_hf(path, scan_layers=config.scan_layers)
         check_compatible(source, config, f"HF checkpoint {path}")
         values = nnx.to_pure_dict(state)
         params = jax.tree.map(lambda x: x, abstract_params)  # a new State to fill
@@ -108,7 +115,20 @@ def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State
         return params, {"kind": HF, "path": os.path.abspath(path)}
     manager = CheckpointManager(_model_dir(path), read_only=True)
     metadata = manager.read_metadata(step)
-    check_compatible(config_from_metadata(metadata), config, f"the t2t run {path}")
-    restored = manager.restore(metadata["step"], abstract_params=abstract_params)
+    source = config_from_metadata(metadata)
+    check_compatible(source, config, f"the t2t run {path}")
+    target = abstract_params
+    if source.scan_layers != config.scan_layers:
+        if partitioner is None:
+            raise ValueError(
+                f"The checkpoint {path} has scan_layers={source.scan_layers}, the run "
+                f"{config.scan_layers}; converting needs the run's partitioner.")
+        _, target = partitioner.abstract_model(lambda: t2t_nn.build(source, nnx.Rngs(params=0)))
+    restored = manager.restore(metadata["step"], abstract_params=target)
     manager.close()
-    return restored.params, {"kind": T2T, "path": os.path.abspath(path), "step": restored.step}
+    params = restored.params
+    if target is not abstract_params:
+        shardings = jax.tree.map(lambda x: x.sharding, abstract_params)
+        with partitioner.context():
+            params = jax.jit(lambda p: t2t_nn.to_layout(p, config), out_shardings=shardings)(params)
+    return params, {"kind": T2T, "path": os.path.abspath(path), "step": restored.step}

@@ -184,7 +184,7 @@ class Trainer:
         self.step = 0
         if init_checkpoint:
             self.params, description = init.load_params(
-                init_checkpoint, self.config, self.abstract_params)
+                init_checkpoint, self.config, self.abstract_params, partitioner=self.partitioner)
         else:
             config, seed = self.config, self._seed
             module = self.partitioner.init_model(
