@@ -196,7 +196,8 @@ def train(
     write_run_files(model_dir, config)
     try:
         summary = trainer.train(train_steps)
-        if summary["first_step"] == trainer.step >= train_steps:
+        chief = trainer.is_chief
+        if chief and summary["first_step"] == trainer.step >= train_steps:
             print(f"nothing to train: the model directory is already at step {trainer.step}, the "
                   "run's train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to "
                   "start over.", flush=True)
@@ -208,8 +209,10 @@ def train(
                 train_config, split=eval_split)
             shown = predictions.predict_examples(model, trainer.params, partitioner, target,
                                                  vocabulary, num_predictions)
-            print(f"\nGreedy predictions after step {trainer.step} ({target.mixture_or_task}, "
-                  f"{eval_split}):\n{predictions.format_predictions(shown)}", flush=True)
+            if chief:
+                print(f"\nGreedy predictions after step {trainer.step} "
+                      f"({target.mixture_or_task}, {eval_split}):\n"
+                      f"{predictions.format_predictions(shown)}", flush=True)
     finally:
         trainer.close()
     write_run_files(model_dir, config)  # now with everything the run used

@@ -157,3 +157,81 @@ def test_an_unquoted_string_binding_is_a_message_not_a_traceback(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"gin could not parse {bad}, line 2: 'MODEL_DIR = runs/x'" in err
     assert "quote strings, e.g. MODEL_DIR = 'runs/x'" in err
+
+
+HOST = textwrap.dedent("""
+    import dataclasses, os, sys
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[1]}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import numpy as np
+    from t2t import cli
+    from t2t.data import pipeline
+
+    OneHost = pipeline.InputPipeline
+
+    class TwoHostShards:
+        '''One process reading what two hosts read: shard 0's rows, then shard 1's.'''
+
+        def __init__(self, config):
+            self.parts = [OneHost(dataclasses.replace(
+                config, shard_index=i, num_shards=2)) for i in range(2)]
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            batches = [next(part) for part in self.parts]
+            return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+    if sys.argv[2] == "emulate":
+        pipeline.InputPipeline = TwoHostShards
+    sys.exit(cli.main(sys.argv[3:]))
+""")
+
+
+def test_two_host_training_ends_with_the_losses_of_one_process(tmp_path):
+    """Two `jax.distributed` processes (one CPU device each) train one model directory: each
+    reads its shard, process 0 alone writes the run files, both write the checkpoint; the
+    losses equal one process's on two devices reading the same two shards."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    settings = [*SMALL, "TRAIN_STEPS=3", "EVAL_TASKS=[]", "t2t.runs.train.log_every=1",
+                "t2t.runs.train.checkpoint_every=3", "t2t.runs.train.eval_every=None"]
+
+    def argv(model_dir):
+        return ["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{model_dir}'",
+                *[f"--gin.{b.replace(' = ', '=', 1)}" for b in settings]]
+
+    base = {**os.environ, "PYTHONPATH": os.getcwd()}
+    for name in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        base.pop(name, None)
+    hosts = [subprocess.Popen(
+        [sys.executable, "-c", HOST, "1", "shard", *argv(tmp_path / "two_hosts")],
+        env={**base, "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
+             "JAX_PROCESS_ID": str(i)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    one = subprocess.run([sys.executable, "-c", HOST, "2", "emulate", *argv(tmp_path / "one")],
+                         env=base, capture_output=True, text=True, timeout=600)
+    outputs = []
+    try:
+        for host in hosts:
+            outputs.append(host.communicate(timeout=600)[0])
+    finally:
+        for host in hosts:
+            host.kill()
+    assert [h.returncode for h in hosts] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    assert one.returncode == 0, one.stderr[-3000:]
+    got, expected = _losses(tmp_path / "two_hosts"), _losses(tmp_path / "one")
+    assert sorted(got) == sorted(expected) == [1, 2, 3]
+    np.testing.assert_allclose([got[s] for s in (1, 2, 3)], [expected[s] for s in (1, 2, 3)],
+                               rtol=1e-5)
+    run_dir = tmp_path / "two_hosts"
+    assert (run_dir / loop.LOSS_CURVE_FILE).exists()
+    assert not [p for p in os.listdir(run_dir) if ".tmp" in p]
+    assert len(os.listdir(run_dir / "train")) == 1  # one TensorBoard event file
+    step = run_dir / "checkpoints" / "3"
+    assert {"process_0", "process_1"} <= set(os.listdir(step / "data_iterator"))
+    assert "trained steps 0 -> 3" in outputs[0]

@@ -16,6 +16,11 @@ directory. It
   best per tracked metric), and redraws `loss_curve.png`;
 - stops at the first non-finite loss, gradient or parameter norm with `NonFiniteError`, after the
   pending checkpoint writes have finished; such parameters are never saved.
+
+In a multi-host run every process runs the same loop (each feeding its shard of the batch) and
+takes part in every checkpoint (Orbax writes each process's shards and data-iterator position,
+then process 0 commits the step); only process 0 writes the run-level files (TensorBoard
+events, the loss curve) and shows progress.
 """
 
 from __future__ import annotations
@@ -136,6 +141,7 @@ class Trainer:
         self.evaluators = list(evaluators)
         self.metadata = dict(metadata or {})
         self.progress_enabled = progress
+        self.is_chief = jax.process_index() == 0  # writes the run-level files
         self.rng = jax.random.PRNGKey(seed)
         self.manager = CheckpointManager(
             self.model_dir, keep=keep_checkpoints, best=best_metrics, async_save=async_checkpoints
@@ -156,7 +162,8 @@ class Trainer:
         self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
         self._window_start = time.perf_counter()
         self.init_description = self._initialize(init_checkpoint)
-        self._writers = {name: reporting.ScalarWriter(os.path.join(self.model_dir, name))
+        self._writers = {name: (reporting.ScalarWriter(os.path.join(self.model_dir, name))
+                                if self.is_chief else reporting.NoWriter())
                          for name in ("train", "eval")}
         for writer in self._writers.values():
             writer.restart(self.step + 1)
@@ -196,7 +203,7 @@ class Trainer:
 
     def _earlier_curves(self):
         """Loss-curve points an earlier (interrupted) run of this model directory logged."""
-        if self.step == 0:
+        if self.step == 0 or not self.is_chief:
             return [], {}
         train = reporting.read_scalars(os.path.join(self.model_dir, "train"), self.step)
         evals = reporting.read_scalars(os.path.join(self.model_dir, "eval"), self.step)
@@ -218,7 +225,8 @@ class Trainer:
         """
         first_step = self.step
         progress = reporting.Progress(num_steps, self.step,  # no bar when nothing is left
-                                      enabled=self.progress_enabled and self.step < num_steps)
+                                      enabled=self.progress_enabled and self.step < num_steps,
+                                      silent=not self.is_chief)
         self._window_start = time.perf_counter()
         eval_results: dict[str, float] = {}
         try:
@@ -354,7 +362,10 @@ class Trainer:
         self._writers["eval"].flush()
         shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items()
                           if not k.endswith(("/target_tokens", "/z_loss")))
-        (progress.note if progress else print)(f"step {self.step} eval: {shown}")
+        if progress is not None:
+            progress.note(f"step {self.step} eval: {shown}")
+        elif self.is_chief:
+            print(f"step {self.step} eval: {shown}")
         return results
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -383,7 +394,10 @@ class Trainer:
         }
 
     def plot_loss_curve(self) -> str:
+        """Redraws `<model_dir>/loss_curve.png` (process 0 only); returns its path."""
         path = os.path.join(self.model_dir, LOSS_CURVE_FILE)
+        if not self.is_chief:
+            return path
         reporting.plot_loss_curve(path, self._curve_train, self._curve_eval,
                                   title=os.path.basename(os.path.normpath(self.model_dir)))
         return path

@@ -22,6 +22,22 @@ CURVE_TRAIN_TAG = "cross_ent_per_token"
 CURVE_EVAL_SUFFIX = "/loss"
 
 
+class NoWriter:
+    """What the processes of a multi-host run other than process 0 write: nothing."""
+
+    def restart(self, first_step: int) -> None:
+        del first_step
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        del step, scalars
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class ScalarWriter:
     """Appends scalar summaries to a TensorBoard event file under `directory`.
 
@@ -96,14 +112,18 @@ class Progress:
     Writes to stderr; `note` prints a line above the bar (evaluations, checkpoints).
     """
 
-    def __init__(self, total_steps: int, initial_step: int, *, enabled: bool = True):
+    def __init__(self, total_steps: int, initial_step: int, *, enabled: bool = True,
+                 silent: bool = False):
+        """`enabled`: draw the bar (notes print as plain lines otherwise); `silent`: print
+        nothing at all (the processes of a multi-host run other than process 0)."""
         from tqdm import tqdm
 
         self._bar = tqdm(
-            total=total_steps, initial=initial_step, disable=not enabled, unit="step",
+            total=total_steps, initial=initial_step, disable=silent or not enabled, unit="step",
             dynamic_ncols=True, file=sys.stderr, mininterval=1.0, smoothing=0.1,
         )
-        self.enabled = enabled
+        self.enabled = enabled and not silent
+        self.silent = silent
 
     def advance(self, steps: int = 1) -> None:
         self._bar.update(steps)
@@ -117,6 +137,8 @@ class Progress:
         self._bar.set_postfix(shown, refresh=False)
 
     def note(self, line: str) -> None:
+        if self.silent:
+            return
         if self.enabled:
             self._bar.write(line, file=sys.stderr)
         else:

@@ -1,0 +1,287 @@
+"""The scale table: every preset at the paper's and T5X's batch, the smallest Cloud TPU slice
+and the settings that fit, found by compiling the real train step ahead of time (`t2t.aot`).
+
+Nothing runs on a TPU: libtpu's compiler describes each slice (pip install -e '.[tpu]'). For
+every (preset, batch, TPU generation) the search compiles the memory-frugal setting (FSDP,
+scanned layers, full rematerialization) on slices of growing size, guided by the memory the
+preset needed on other slices, until the smallest slice that fits with 10% of HBM left; there
+it tries cheaper settings (no rematerialization, then the selective policy) and keeps the one
+with the fewest FLOPs that still fits. Every compile is recorded in the JSON file as it ends,
+so an interrupted run resumes where it stopped.
+
+    python benchmarks/scale_table.py                       # the whole table (hours on 2 cores)
+    python benchmarks/scale_table.py --presets t5_small --batches 128 --generations v5e
+    python benchmarks/scale_table.py --extras               # remat FLOPs, DP vs FSDP, compile time
+    python benchmarks/scale_table.py --markdown              # print the table from the results
+
+Results: benchmarks/results/scale_table.json (every compile), printed as Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+LENGTHS = {"inputs": 512, "targets": 114}
+PRESETS = ("t5_small", "t5_base", "t5_large", "t5_3b", "t5_11b", "t5_1_1_small",
+           "t5_1_1_base", "t5_1_1_large", "t5_1_1_xl", "t5_1_1_xxl")
+BATCHES = (128, 2048)
+# Slices of each generation, smallest first (chips: 4 ... 256).
+SLICES = {
+    "v5e": ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"),
+    "v4": ("v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:2x4x4", "v4:4x4x4", "v4:4x4x8", "v4:4x8x8"),
+    "v5p": ("v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8",
+            "v5p:4x8x8"),
+}
+FRUGAL = {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1}
+CHEAPER = ({"sharding_mode": "fsdp", "remat_policy": "none", "num_microbatches": 1},
+           {"sharding_mode": "fsdp", "remat_policy": "dots_with_no_batch_dims",
+            "num_microbatches": 1})
+USABLE = 0.9  # a plan must leave 10% of HBM free
+DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results", "scale_table.json")
+
+
+def chips_of(topology: str) -> int:
+    from t2t.aot import targets
+
+    _, dims = targets.parse_topology(topology)
+    count = 1
+    for d in dims:
+        count *= d
+    return count
+
+
+def mesh_for(devices: int, batch: int, micro: int) -> tuple[int, int]:
+    """Data axis as wide as the rows of a microbatch allow, the rest model parallel."""
+    data = devices
+    while (batch // micro) % data:
+        data //= 2
+    return data, devices // data
+
+
+class Results:
+    """The JSON file of compile records, keyed by what was compiled."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.records: dict[str, dict] = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                self.records = {r["key"]: r for r in json.load(f)["compiles"]}
+
+    @staticmethod
+    def key(preset, batch, topology, settings, scan=True) -> str:
+        return (f"{preset}|{batch}|{topology}|{settings['sharding_mode']}|"
+                f"{settings['remat_policy']}|{settings['num_microbatches']}|scan={scan}")
+
+    def save(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"lengths": LENGTHS, "compiles": sorted(self.records.values(),
+                                                              key=lambda r: r["key"])},
+                      f, indent=1)
+        os.replace(tmp, self.path)
+
+
+def compile_one(results: Results, preset: str, batch: int, topology: str, settings: dict,
+                scan: bool = True, decode: bool = False) -> dict:
+    """The record of one compile (from the file if it was done before)."""
+    key = Results.key(preset, batch, topology, settings, scan)
+    if key in results.records:
+        return results.records[key]
+    from t2t import aot, nn
+
+    target = aot.tpu_target(topology)
+    config = nn.get_preset(preset, dtype="bfloat16", dropout_rate=0.0, scan_layers=scan,
+                           remat_policy=settings["remat_policy"])
+    mesh = mesh_for(target.num_devices, batch, settings["num_microbatches"])
+    shape = aot.RunShape(config, batch, LENGTHS, mesh_shape=mesh,
+                         sharding_mode=settings["sharding_mode"],
+                         num_microbatches=settings["num_microbatches"])
+    print(f"[{time.strftime('%H:%M:%S')}] {preset} batch {batch} on {topology} "
+          f"({target.num_devices} devices, mesh {mesh}) {settings} scan={scan}", flush=True)
+    start = time.perf_counter()
+    try:
+        report = aot.compile_run(shape, target, decode=decode, progress=False)
+    except Exception as error:  # noqa: BLE001 (recorded: a setting the compiler refuses)
+        print(f"    -> failed: {str(error).splitlines()[0][:300]}", flush=True)
+        results.records[key] = {
+            "key": key, "preset": preset, "batch": batch, "topology": topology,
+            "devices": target.num_devices, "chips": target.num_chips, "mesh": list(mesh),
+            "scan_layers": scan, **settings, "fits": False, "memory_fraction": None,
+            "memory_bytes": None, "compile_seconds": time.perf_counter() - start,
+            "error": str(error)[:2000]}
+        results.save()
+        return results.records[key]
+    train = report.train_step
+    record = {
+        "key": key, "preset": preset, "batch": batch, "topology": topology,
+        "devices": target.num_devices, "chips": target.num_chips, "mesh": list(mesh),
+        "scan_layers": scan, **settings, "fits": train.get("fits"),
+        "memory_fraction": train.get("memory_fraction"),
+        "memory_bytes": (train.get("memory") or {}).get("total"),
+        "memory": train.get("memory"), "state_bytes": train.get("state_bytes"),
+        "compile_seconds": train.get("compile_seconds"), "lower_seconds": train.get(
+            "lower_seconds"), "wall_seconds": time.perf_counter() - start,
+        "flops_ratio": train.get("flops_ratio"), "roofline": train.get("roofline"),
+        "collectives": train.get("collectives"), "error": train.get("error"),
+        "parameters": report.run["model"]["parameters"],
+    }
+    if report.decode is not None:
+        record["decode"] = {k: report.decode.get(k) for k in
+                            ("fits", "memory_fraction", "compile_seconds")}
+    fraction = record["memory_fraction"]
+    print(f"    -> {'fits' if usable(record) else 'no'} "
+          f"({'?' if fraction is None else f'{fraction:.0%}'} of HBM, compiled in "
+          f"{record['compile_seconds']:.0f} s)", flush=True)
+    results.records[key] = record
+    results.save()
+    return record
+
+
+def usable(record: dict) -> bool:
+    return bool(record["fits"]) and (record["memory_fraction"] or 0) <= USABLE
+
+
+def smallest_slice(results: Results, preset: str, batch: int, generation: str) -> dict | None:
+    """The smallest slice of `generation` where the frugal setting fits (then cheaper ones).
+
+    Starts at the slice where the preset's other compiles say it should fit and walks down
+    while it fits (up while it does not).
+    """
+    slices = SLICES[generation]
+    index = _guess(results, preset, batch, generation)
+    best, failed = None, set()
+    while True:
+        record = compile_one(results, preset, batch, slices[index], FRUGAL)
+        if usable(record):
+            best = record
+            if index == 0 or index - 1 in failed:
+                break
+            index -= 1
+        else:
+            failed.add(index)
+            if best is not None or index == len(slices) - 1:
+                break
+            index += 1
+    if best is None:
+        return None
+    for settings in CHEAPER:  # fewer FLOPs, if they fit too
+        record = compile_one(results, preset, batch, best["topology"], settings)
+        if usable(record):
+            return record
+    return best
+
+
+def _guess(results: Results, preset: str, batch: int, generation: str) -> int:
+    """The slice index where memory scaled from other compiles of this preset would fit."""
+    from t2t.aot import targets
+
+    capacity = targets.CHIPS[generation].memory_bytes * USABLE
+    estimates = []
+    for record in results.records.values():
+        if (record["preset"], record["batch"]) == (preset, batch) and record["memory_bytes"] \
+                and record["remat_policy"] == "full":
+            estimates.append(record["memory_bytes"] * record["devices"])  # ~ bytes x devices
+    if not estimates:
+        return 2  # 16 chips
+    per_chip_total = max(estimates)
+    for index, topology in enumerate(SLICES[generation]):
+        devices = chips_of(topology) * targets.CHIPS[generation].devices_per_chip
+        if per_chip_total / devices <= capacity:
+            return index
+    return len(SLICES[generation]) - 1
+
+
+def extras(results: Results) -> None:
+    """Remat FLOPs, data parallel vs FSDP memory, unrolled vs scanned compile time."""
+    for policy in ("none", "dots_with_no_batch_dims", "dots", "full"):
+        compile_one(results, "t5_1_1_base", 128, "v5e:4x4",
+                    {"sharding_mode": "fsdp", "remat_policy": policy, "num_microbatches": 1})
+    for preset, batch in (("t5_1_1_base", 128), ("t5_1_1_large", 128), ("t5_1_1_base", 2048)):
+        for mode in ("data_parallel", "fsdp"):
+            compile_one(results, preset, batch, "v5e:4x4",
+                        {"sharding_mode": mode, "remat_policy": "full", "num_microbatches": 1})
+    compile_one(results, "t5_1_1_base", 2048, "v5e:4x4",
+                {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1},
+                scan=True, decode=True)
+    for scan in (True, False):
+        compile_one(results, "t5_1_1_xl", 128, "v5p:2x2x2",
+                    {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1},
+                    scan=scan)
+    # The paper's own slice: 11B at batch 2048 on a v3-1024 (512 chips, 1024 cores).
+    compile_one(results, "t5_11b", 2048, "v3:16x32",
+                {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1})
+
+
+def markdown(results: Results, presets, batches, generations) -> str:
+    lines = []
+    for batch in batches:
+        lines.append(f"\n**Batch {batch} x 512/114** (smallest slice with 10% of HBM free; "
+                     "settings; HBM used; compile time)\n")
+        lines.append("| preset | " + " | ".join(generations) + " |")
+        lines.append("|---|" + "---|" * len(generations))
+        for preset in presets:
+            cells = []
+            for generation in generations:
+                chosen = _chosen(results, preset, batch, generation)
+                if chosen is None:
+                    cells.append("not searched")
+                elif chosen == "none":
+                    cells.append("no slice of <= 256 chips")
+                else:
+                    mesh = chosen["mesh"]
+                    cells.append(
+                        f"{chosen['topology']} ({chosen['chips']} chips): {chosen['sharding_mode']} "
+                        f"{mesh[0]}x{mesh[1]}, remat {chosen['remat_policy']}, "
+                        f"{chosen['memory_fraction']:.0%}, {chosen['compile_seconds']:.0f} s")
+            lines.append(f"| {preset} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _chosen(results: Results, preset: str, batch: int, generation: str):
+    fitting = [r for r in results.records.values()
+               if (r["preset"], r["batch"]) == (preset, batch) and r["scan_layers"]
+               and r["topology"] in SLICES[generation] and usable(r)]
+    tried = [r for r in results.records.values()
+             if (r["preset"], r["batch"]) == (preset, batch) and r["topology"] in SLICES[generation]]
+    if not tried:
+        return None
+    if not fitting:
+        return "none"
+    smallest = min(r["chips"] for r in fitting)
+    order = {"none": 0, "dots_with_no_batch_dims": 1, "dots": 2, "full": 3}
+    at_smallest = [r for r in fitting if r["chips"] == smallest]
+    return min(at_smallest, key=lambda r: (order[r["remat_policy"]], r["num_microbatches"]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", default=",".join(PRESETS))
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--generations", default="v5e,v4,v5p")
+    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument("--extras", action="store_true", help="only the extra measurements")
+    parser.add_argument("--markdown", action="store_true", help="only print the tables")
+    args = parser.parse_args(argv)
+    presets = args.presets.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    generations = args.generations.split(",")
+    results = Results(args.out)
+    if args.extras:
+        extras(results)
+    elif not args.markdown:
+        for batch in batches:
+            for preset in presets:
+                for generation in generations:
+                    smallest_slice(results, preset, batch, generation)
+    print(markdown(results, presets, batches, generations))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
