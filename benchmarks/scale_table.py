@@ -3,10 +3,11 @@ and the settings that fit, found by compiling the real train step ahead of time 
 
 Nothing runs on a TPU: libtpu's compiler describes each slice (pip install -e '.[tpu]'). For
 every (preset, batch, TPU generation) the search compiles the memory-frugal setting (FSDP,
-scanned layers, full rematerialization) on slices of growing size, guided by the memory the
-preset needed on other slices, until the smallest slice that fits with 10% of HBM left; there
-it tries cheaper settings (no rematerialization, then the selective policy) and keeps the one
-with the fewest FLOPs that still fits. Every compile is recorded in the JSON file as it ends,
+scanned layers, full rematerialization; in 1, then 2, then 4 microbatches) on slices of growing
+size, starting where the memory the preset needed elsewhere says it should fit, until the
+smallest slice that fits with 10% of HBM left; there, without microbatches, it tries cheaper
+settings (no rematerialization, then the selective policy) and keeps the one with the fewest
+FLOPs that still fits. Every compile is recorded in the JSON file as it ends,
 so an interrupted run resumes where it stopped.
 
     python benchmarks/scale_table.py                       # the whole table (hours on 2 cores)
@@ -40,6 +41,7 @@ FRUGAL = {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1
 CHEAPER = ({"sharding_mode": "fsdp", "remat_policy": "none", "num_microbatches": 1},
            {"sharding_mode": "fsdp", "remat_policy": "dots_with_no_batch_dims",
             "num_microbatches": 1})
+MICROBATCHES = (1, 2, 4)  # tried in this order on a slice before a larger slice
 USABLE = 0.9  # a plan must leave 10% of HBM free
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results", "scale_table.json")
 
@@ -88,9 +90,11 @@ class Results:
 
 
 def compile_one(results: Results, preset: str, batch: int, topology: str, settings: dict,
-                scan: bool = True, decode: bool = False) -> dict:
+                scan: bool = True, decode: bool = False, model_axis: int | None = None) -> dict:
     """The record of one compile (from the file if it was done before)."""
     key = Results.key(preset, batch, topology, settings, scan)
+    if model_axis is not None:
+        key += f"|model={model_axis}"
     if key in results.records:
         return results.records[key]
     from t2t import aot, nn
@@ -99,6 +103,8 @@ def compile_one(results: Results, preset: str, batch: int, topology: str, settin
     config = nn.get_preset(preset, dtype="bfloat16", dropout_rate=0.0, scan_layers=scan,
                            remat_policy=settings["remat_policy"])
     mesh = mesh_for(target.num_devices, batch, settings["num_microbatches"])
+    if model_axis is not None:
+        mesh = (target.num_devices // model_axis, model_axis)
     shape = aot.RunShape(config, batch, LENGTHS, mesh_shape=mesh,
                          sharding_mode=settings["sharding_mode"],
                          num_microbatches=settings["num_microbatches"])
@@ -157,7 +163,7 @@ def smallest_slice(results: Results, preset: str, batch: int, generation: str) -
     index = _guess(results, preset, batch, generation)
     best, failed = None, set()
     while True:
-        record = compile_one(results, preset, batch, slices[index], FRUGAL)
+        record = _frugal_fit(results, preset, batch, slices[index])
         if usable(record):
             best = record
             if index == 0 or index - 1 in failed:
@@ -170,11 +176,26 @@ def smallest_slice(results: Results, preset: str, batch: int, generation: str) -
             index += 1
     if best is None:
         return None
+    if best["num_microbatches"] > 1:
+        return best
     for settings in CHEAPER:  # fewer FLOPs, if they fit too
         record = compile_one(results, preset, batch, best["topology"], settings)
         if usable(record):
             return record
     return best
+
+
+def _frugal_fit(results: Results, preset: str, batch: int, topology: str) -> dict:
+    """The frugal setting on `topology`, in 1, 2 or 4 microbatches: the first that fits."""
+    record = None
+    for micro in MICROBATCHES:
+        if batch % micro:
+            break
+        record = compile_one(results, preset, batch, topology,
+                             {**FRUGAL, "num_microbatches": micro})
+        if usable(record):
+            break
+    return record
 
 
 def _guess(results: Results, preset: str, batch: int, generation: str) -> int:
@@ -198,24 +219,26 @@ def _guess(results: Results, preset: str, batch: int, generation: str) -> int:
 
 
 def extras(results: Results) -> None:
-    """Remat FLOPs, data parallel vs FSDP memory, unrolled vs scanned compile time."""
+    """Remat FLOPs, data parallel vs FSDP memory, collectives, unrolled vs scanned compiles."""
+    frugal = dict(FRUGAL)
     for policy in ("none", "dots_with_no_batch_dims", "dots", "full"):
-        compile_one(results, "t5_1_1_base", 128, "v5e:4x4",
-                    {"sharding_mode": "fsdp", "remat_policy": policy, "num_microbatches": 1})
-    for preset, batch in (("t5_1_1_base", 128), ("t5_1_1_large", 128), ("t5_1_1_base", 2048)):
+        compile_one(results, "t5_1_1_base", 128, "v5e:4x4", {**frugal, "remat_policy": policy})
+    for preset, batch, policy in (("t5_1_1_base", 128, "none"), ("t5_1_1_base", 2048, "full"),
+                                  ("t5_1_1_large", 128, "full")):
         for mode in ("data_parallel", "fsdp"):
             compile_one(results, preset, batch, "v5e:4x4",
-                        {"sharding_mode": mode, "remat_policy": "full", "num_microbatches": 1})
-    compile_one(results, "t5_1_1_base", 2048, "v5e:4x4",
-                {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1},
-                scan=True, decode=True)
-    for scan in (True, False):
-        compile_one(results, "t5_1_1_xl", 128, "v5p:2x2x2",
-                    {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1},
-                    scan=scan)
+                        {**frugal, "sharding_mode": mode, "remat_policy": policy})
+    compile_one(results, "t5_1_1_base", 2048, "v5e:4x4", frugal, decode=True)
+    compile_one(results, "t5_1_1_base", 2048, "v5e:4x4", {**frugal, "num_microbatches": 2})
+    # Collectives of tensor parallelism and FSDP for T5.1.1-large on 16 v4 chips, unrolled.
+    for mode, model_axis in (("tensor_parallel", 4), ("fsdp", 4), ("fsdp", 1)):
+        compile_one(results, "t5_1_1_large", 128, "v4:2x2x4",
+                    {**frugal, "sharding_mode": mode, "remat_policy": "none"}, scan=False,
+                    model_axis=model_axis)
+    for scan in (True, False):  # compile time: scanned vs unrolled
+        compile_one(results, "t5_1_1_xl", 128, "v5p:2x2x2", frugal, scan=scan)
     # The paper's own slice: 11B at batch 2048 on a v3-1024 (512 chips, 1024 cores).
-    compile_one(results, "t5_11b", 2048, "v3:16x32",
-                {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1})
+    compile_one(results, "t5_11b", 2048, "v3:16x32", frugal)
 
 
 def markdown(results: Results, presets, batches, generations) -> str:
@@ -235,10 +258,12 @@ def markdown(results: Results, presets, batches, generations) -> str:
                     cells.append("no slice of <= 256 chips")
                 else:
                     mesh = chosen["mesh"]
+                    micro = chosen["num_microbatches"]
                     cells.append(
                         f"{chosen['topology']} ({chosen['chips']} chips): {chosen['sharding_mode']} "
-                        f"{mesh[0]}x{mesh[1]}, remat {chosen['remat_policy']}, "
-                        f"{chosen['memory_fraction']:.0%}, {chosen['compile_seconds']:.0f} s")
+                        f"{mesh[0]}x{mesh[1]}, remat {chosen['remat_policy']}"
+                        + (f", {micro} microbatches" if micro > 1 else "")
+                        + f", {chosen['memory_fraction']:.0%}, {chosen['compile_seconds']:.0f} s")
             lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -256,7 +281,7 @@ def _chosen(results: Results, preset: str, batch: int, generation: str):
     smallest = min(r["chips"] for r in fitting)
     order = {"none": 0, "dots_with_no_batch_dims": 1, "dots": 2, "full": 3}
     at_smallest = [r for r in fitting if r["chips"] == smallest]
-    return min(at_smallest, key=lambda r: (order[r["remat_policy"]], r["num_microbatches"]))
+    return min(at_smallest, key=lambda r: (r["num_microbatches"], order[r["remat_policy"]]))
 
 
 def main(argv=None) -> int:

@@ -22,17 +22,20 @@ ENTRY %main {
   %reduce-scatter.3 = f32[4,32]{1,0} reduce-scatter(f32[16,32]{1,0} %z), dimensions={0}
   %all-to-all.4 = (f32[1,8]{1,0}, f32[1,8]{1,0}) all-to-all(%a, %b), dimensions={0}
   %fusion.5 = f32[8,128]{1,0} fusion(%all-reduce.1), kind=kLoop, calls=%fused
+  %all-reduce.6 = (bf16[1,512]{1,0:T(8,128)(2,1)S(1)}, bf16[2,256]{1,0:T(8,128)(2,1)}, /*index=2*/f32[4]{0:T(256)}) all-reduce(%a, %b, %c), channel_id=7, replica_groups=mesh['axis_0'=4] {'axis_0'}, to_apply=%add
+  ROOT %collective-permute-start.8 = (f32[16]{0}, f32[16]{0}, u32[], u32[]) collective-permute-start(%d), channel_id=8
 }
 """
 
 
 def test_collective_census_counts_results_once():
     census = analysis.collective_census(HLO)
-    assert census["all-reduce"] == {"count": 1, "bytes": 8 * 128 * 4}
+    # One plain all-reduce, and one combined over a tuple written with layouts and comments.
+    assert census["all-reduce"] == {"count": 2, "bytes": 8 * 128 * 4 + 2 * 512 * 2 + 4 * 4}
     assert census["all-gather"] == {"count": 1, "bytes": 8 * 64 * 2}  # the start, its result
     assert census["reduce-scatter"] == {"count": 1, "bytes": 4 * 32 * 4}
     assert census["all-to-all"] == {"count": 1, "bytes": 2 * 8 * 4}
-    assert census["collective-permute"] == {"count": 0, "bytes": 0}
+    assert census["collective-permute"] == {"count": 1, "bytes": 16 * 4}
 
 
 def test_out_of_memory_messages_of_libtpu_parse():

@@ -71,6 +71,10 @@ def test_activation_constraints_reach_the_lowered_program(mode):
     # the residual stream [B, L, D]: batch over data, model dimension whole (also under FSDP,
     # where the parameters' embed dimension is split over data)
     assert by_shape["8x32x64"] == {'[{"data"},{},{}]'}
+    # weights where they are used: tensor-parallel dimensions split, `embed` whole (under FSDP
+    # this is where each weight is gathered): wi [D, F], wo [F, D], the embedding [V, D]
+    assert '[{},{"model"}]' in by_shape["64x96"] and '[{"model"},{}]' in by_shape["96x64"]
+    assert by_shape[f"{VOCAB}x64"] == {'[{"model"},{}]'}
 
 
 def test_tensor_parallel_all_reduces_once_per_sublayer():
@@ -91,11 +95,10 @@ def test_fsdp_gathers_weights_and_keeps_activations_split_by_batch():
     tensor_parallel, _ = forward_program("tensor_parallel", 3)
     added = census(three) - census(two)
     # One more layer pair: its 22 weights gathered, and the same 5 activation all-reduces as
-    # tensor parallelism; no activation is reshuffled between layouts (all-to-alls do not grow:
-    # the two left move the embedding lookup's output to the batch layout).
-    assert added["all-reduce"] == 5 and "all-to-all" not in added
+    # tensor parallelism; no activation is ever reshuffled between layouts.
+    assert added["all-reduce"] == 5 and added["all-gather"] >= 22
     assert census(three)["all-reduce"] == census(tensor_parallel)["all-reduce"]
-    assert added["all-gather"] >= 22
+    assert census(three)["all-to-all"] == census(three)["collective-permute"] == 0
     assert VOCAB not in result_dimensions(three, ("all-reduce", "all-gather", "all-to-all"))
 
 

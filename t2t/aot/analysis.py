@@ -14,9 +14,12 @@ from typing import Any
 from t2t.aot.targets import Chip
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-# An instruction whose opcode is a collective (or its asynchronous start): "%x = SHAPE op(".
+# An instruction whose opcode is a collective (or its asynchronous start): "%x = SHAPE op(". The
+# shape may be a tuple holding layouts, parentheses and "/*index=5*/" comments; it holds no
+# opcode, so the first " op(" after " = " is the opcode.
 _INSTRUCTION = re.compile(
-    r"=\s*(\([^=]*?\)|\S+)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(",
+    re.MULTILINE)
 _ARRAY = re.compile(r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|"
                     r"f8e4m3fn|f8e5m2)\[([\d,]*)\]")
 _BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
@@ -38,14 +41,20 @@ def shape_bytes(shape: str) -> int:
 def collectives(hlo_text: str) -> list[tuple[str, str]]:
     """(kind, result shape) of every collective in optimized HLO text, in program order.
 
-    An asynchronous pair (`all-gather-start` / `-done`) appears once, with the result of the
-    start's tuple (its last element; the others repeat the operands).
+    A combined collective (one instruction over a tuple of arrays) counts once, its result
+    being the whole tuple. An asynchronous pair (`all-gather-start` / `-done`) counts once: the
+    start's tuple holds the operands and then the results (all-gather), or the operand, the
+    result and two scalar contexts (collective-permute); only the results are kept.
     """
     found = []
     for shape, kind, start in _INSTRUCTION.findall(hlo_text):
-        if start and shape.startswith("("):
-            arrays = _ARRAY.findall(shape)
-            shape = "{}[{}]".format(*arrays[-1]) if arrays else ""
+        if start and kind in ("all-gather", "collective-permute", "reduce-scatter"):
+            arrays = [f"{dtype}[{dims}]" for dtype, dims in _ARRAY.findall(shape)]
+            if kind == "collective-permute":
+                arrays = arrays[1:2]
+            else:  # (operands..., results...)
+                arrays = arrays[len(arrays) // 2:]
+            shape = ", ".join(arrays)
         found.append((kind, shape))
     return found
 

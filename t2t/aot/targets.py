@@ -125,8 +125,10 @@ def tpu_target(topology: str) -> Target:
     from jax.experimental import topologies
 
     # NOTE: libtpu looks for the worker hosts of a real slice in the environment and logs an
-    # error when it finds none; compiling needs no host, so name this one.
+    # error when it finds none; compiling needs no host, so name this one. Compiling touches no
+    # chip either, so several processes may compile at once (libtpu locks the chips otherwise).
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     description = topologies.get_topology_desc(
         topology_name=topology, platform="tpu",
         chip_config_name="megacore" if generation in _MEGACORE else "default",

@@ -32,6 +32,13 @@ ACT_VOCAB = "activation_vocab"
 PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS, LAYERS)
 ACTIVATION_AXES = (ACT_BATCH, ACT_LENGTH, ACT_EMBED, ACT_MLP, ACT_HEADS, ACT_KV, ACT_VOCAB)
 
+# A parameter dimension's layout where the parameter is used: its activation counterpart. A
+# weight is constrained to it after the cast to the compute dtype (`t2t.nn.layers.Dense`), so
+# under FSDP each weight is gathered along `embed` in the compute dtype just before its matmul,
+# while tensor-parallel dimensions stay split.
+AT_USE = {VOCAB: ACT_VOCAB, EMBED: ACT_EMBED, MLP: ACT_MLP, HEADS: ACT_HEADS, KV: ACT_KV,
+          JOINED_KV: ACT_HEADS, RELPOS_BUCKETS: None, LAYERS: None}
+
 # The layouts of the constrained activations (see `t2t.nn.sharding.constrain`), in the one-letter
 # alphabet of the shape comments: B batch (or decoding rows), L length, D d_model, F d_ff, N heads,
 # H d_kv, V vocab.

@@ -123,20 +123,24 @@ class Dense(nnx.Module):
     ):
         self.dtype = config.compute_dtype
         self.kernel = param(rngs, init, (in_features, out_features), config.params_dtype, names)
+        self.names_at_use = tuple(axes.AT_USE[name] for name in names)
         self.step_kernel = None  # [out, in], set by `prepare_for_steps` inside a decoding trace
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., in] -> [..., out] in the compute dtype."""
         if self.step_kernel is not None:
             return kernel_first_matmul(x.astype(self.dtype), self.step_kernel)
-        kernel = self.kernel[...].astype(self.dtype)
-        return matmul(x.astype(self.dtype), kernel)
+        return matmul(x.astype(self.dtype), self._kernel_at_use())
+
+    def _kernel_at_use(self) -> jax.Array:
+        """The kernel in the compute dtype and the layout its matmul wants (`axes.AT_USE`)."""
+        return constrain(self.kernel[...].astype(self.dtype), self.names_at_use)
 
     def prepare_for_steps(self) -> None:
         """From here on (in this trace) multiplies by a transposed copy of the kernel, kernel
         first: the form for decoding steps, where few rows meet every kernel (see
         `kernel_first_matmul`). Call it once, outside the step loop: the copy is made once."""
-        kernel = self.kernel[...].astype(self.dtype)
+        kernel = self._kernel_at_use()
         # The barrier keeps XLA from folding the transpose back into the products.
         self.step_kernel = jax.lax.optimization_barrier(kernel.T)
 
@@ -188,12 +192,16 @@ class Embed(nnx.Module):
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """[B, L] int -> [B, L, D] in the compute dtype."""
-        x = jnp.take(self.embedding[...], tokens, axis=0).astype(self.dtype)
+        x = jnp.take(self._table_at_use(), tokens, axis=0)
         return constrain(x, axes.BLD)
+
+    def _table_at_use(self) -> jax.Array:
+        """[V, D] in the compute dtype, split only over the vocabulary (`axes.AT_USE`)."""
+        return constrain(self.embedding[...].astype(self.dtype), (axes.ACT_VOCAB, axes.ACT_EMBED))
 
     def attend(self, x: jax.Array) -> jax.Array:
         """[B, T, D] -> [B, T, V] float32: dot products with every embedding row."""
-        table = self.embedding[...].astype(self.dtype)
+        table = self._table_at_use()
         flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)  # [B * T, D] (see `matmul`)
         if self.kernel_first:  # the table [V, D] is already the kernel-first layout
             logits = kernel_first_matmul(flat, table, preferred_element_type=jnp.float32)
