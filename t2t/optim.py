@@ -254,6 +254,8 @@ def accumulate_gradients(
     batch: Mapping[str, jax.Array],
     rng: jax.Array | None,
     num_microbatches: int = 1,
+    *,
+    grad_shardings: Any = None,
 ) -> tuple[jax.Array, dict[str, Any], Any]:
     """Loss and gradients of `batch`, computed as `num_microbatches` sequential microbatches.
 
@@ -279,6 +281,9 @@ def accumulate_gradients(
         batch: feature name -> [B, ...] arrays, B divisible by `num_microbatches`.
         rng: a PRNG key for dropout, or None for deterministic passes.
         num_microbatches: k; 1 computes the batch in one pass.
+        grad_shardings: shardings like `params` for the gradient sums carried from one
+            microbatch to the next (the parameters' own, so FSDP keeps them split); None lets
+            the compiler choose.
 
     Returns:
         (loss scalar, aux dict, grads like `params`).
@@ -295,13 +300,20 @@ def accumulate_gradients(
     def weight(aux):
         return aux[LOSS_DENOMINATOR].astype(jnp.float32) if LOSS_DENOMINATOR in aux else 1.0
 
+    def split_like_params(grads):
+        if grad_shardings is None:
+            return grads
+        return jax.lax.with_sharding_constraint(grads, grad_shardings)
+
     def step(carry, inputs):
         index, microbatch = inputs
         microbatch_rng = None if rng is None else jax.random.fold_in(rng, index)
         (loss, aux), grads = grad_fn(params, microbatch, microbatch_rng)
         w = weight(aux)
         update = (w * loss, jax.tree.map(lambda g: w * g.astype(jnp.float32), grads), aux)
-        return jax.tree.map(lambda a, b: (a + b).astype(a.dtype), carry, update), None
+        loss_sum, grads_sum, aux_sum = jax.tree.map(lambda a, b: (a + b).astype(a.dtype),
+                                                    carry, update)
+        return (loss_sum, split_like_params(grads_sum), aux_sum), None
 
     first = jax.tree.map(lambda x: x[0], microbatches)
     (_, aux_shape), grads_shape = jax.eval_shape(grad_fn, params, first, rng)
@@ -309,7 +321,7 @@ def accumulate_gradients(
     # microbatches do not round k times; aux keeps its dtypes (integer counts stay exact).
     zeros = (
         jnp.zeros((), jnp.float32),
-        jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), grads_shape),
+        split_like_params(jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), grads_shape)),
         jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
     )
     (loss_sum, grads_sum, aux), _ = jax.lax.scan(

@@ -123,7 +123,8 @@ def compile_train_step(
     params, opt_state = abstract_state(model, tx, partitioner)
     batch = _abstract_batch(partitioner, shapes)
     jitted = steps.jit_train_step(
-        steps.make_train_step(model, tx, num_microbatches=num_microbatches),
+        steps.make_train_step(model, tx, num_microbatches=num_microbatches,
+                              grad_shardings=steps.shardings_of(params)),
         partitioner, params, opt_state, batch)
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
     rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=partitioner.replicated)

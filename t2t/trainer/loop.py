@@ -263,7 +263,8 @@ class Trainer:
     def _compile(self, batch, step) -> Callable:
         start = time.perf_counter()
         jitted = steps.jit_train_step(
-            steps.make_train_step(self.model, self.tx, num_microbatches=self.num_microbatches),
+            steps.make_train_step(self.model, self.tx, num_microbatches=self.num_microbatches,
+                                  grad_shardings=steps.shardings_of(self.abstract_params)),
             self.partitioner, self.abstract_params, self.abstract_opt_state, batch,
         )
         compiled = jitted.lower(self.params, self.opt_state, batch, self.rng, step).compile()

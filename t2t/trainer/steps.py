@@ -54,8 +54,11 @@ def batch_counts(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def make_train_step(model: Any, tx: optax.GradientTransformation, *,
-                    num_microbatches: int = 1) -> Callable:
+                    num_microbatches: int = 1, grad_shardings: Any = None) -> Callable:
     """The pure training step of `model` (a `t2t.models` wrapper) with optimizer `tx`.
+
+    `grad_shardings` (the parameters' shardings) keeps the gradient sums of microbatches split
+    as the parameters are (`t2t.optim.accumulate_gradients`).
 
     Returns:
       `train_step(params, opt_state, batch, rng, step) -> (params, opt_state, metrics)`:
@@ -68,8 +71,8 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, *,
     def train_step(params, opt_state, batch, rng, step):
         dropout_rng = jax.random.fold_in(rng, step)
         loss, aux, grads = optim.accumulate_gradients(
-            model.loss_fn, params, batch, dropout_rng, num_microbatches
-        )
+            model.loss_fn, params, batch, dropout_rng, num_microbatches,
+            grad_shardings=grad_shardings)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {
@@ -94,7 +97,8 @@ def make_eval_step(model: Any) -> Callable:
     return eval_step
 
 
-def _shardings(abstract: Any) -> Any:
+def shardings_of(abstract: Any) -> Any:
+    """The shardings a tree of sharded shapes carries (for `jax.jit` and `make_train_step`)."""
     return jax.tree.map(lambda x: x.sharding, abstract)
 
 
@@ -116,8 +120,8 @@ def jit_train_step(
 
     Call the result inside `partitioner.context()` (activation constraints read the mesh).
     """
-    params_sharding = _shardings(abstract_params)
-    opt_sharding = _shardings(abstract_opt_state)
+    params_sharding = shardings_of(abstract_params)
+    opt_sharding = shardings_of(abstract_opt_state)
     replicated = partitioner.replicated
     return jax.jit(
         train_step,
@@ -133,7 +137,7 @@ def jit_eval_step(eval_step: Callable, partitioner: Partitioner, abstract_params
     """`eval_step` under `jax.jit` with the parameters' shardings and a split batch."""
     return jax.jit(
         eval_step,
-        in_shardings=(_shardings(abstract_params), partitioner.batch_shardings(batch_spec)),
+        in_shardings=(shardings_of(abstract_params), partitioner.batch_shardings(batch_spec)),
         out_shardings=partitioner.replicated,
     )
 
