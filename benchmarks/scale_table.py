@@ -30,17 +30,21 @@ LENGTHS = {"inputs": 512, "targets": 114}
 PRESETS = ("t5_small", "t5_base", "t5_large", "t5_3b", "t5_11b", "t5_1_1_small",
            "t5_1_1_base", "t5_1_1_large", "t5_1_1_xl", "t5_1_1_xxl")
 BATCHES = (128, 2048)
-# Slices of each generation, smallest first (chips: 4 ... 256).
+# Slices of each generation, smallest first (chips: 1 or 4 ... 256; v4 and v5p slices start at
+# one host of 4 chips, v5e at one chip).
 SLICES = {
-    "v5e": ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"),
+    "v5e": ("v5e:1x1", "v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"),
     "v4": ("v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:2x4x4", "v4:4x4x4", "v4:4x4x8", "v4:4x8x8"),
     "v5p": ("v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8",
             "v5p:4x8x8"),
 }
 FRUGAL = {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1}
-CHEAPER = ({"sharding_mode": "fsdp", "remat_policy": "none", "num_microbatches": 1},
-           {"sharding_mode": "fsdp", "remat_policy": "dots_with_no_batch_dims",
-            "num_microbatches": 1})
+# Cheaper settings, fewest FLOPs first, and how much more than full rematerialization they keep
+# for the backward pass (activations, gradients, temporaries: memory beyond parameters and
+# optimizer state), measured on T5.1.1-base at batch 128 on v5e:4x4 (the --extras compiles).
+CHEAPER = (({"sharding_mode": "fsdp", "remat_policy": "none", "num_microbatches": 1}, 8.6),
+           ({"sharding_mode": "fsdp", "remat_policy": "dots_with_no_batch_dims",
+             "num_microbatches": 1}, 2.3))
 MICROBATCHES = (1, 2, 4)  # tried in this order on a slice before a larger slice
 USABLE = 0.9  # a plan must leave 10% of HBM free
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results", "scale_table.json")
@@ -178,7 +182,12 @@ def smallest_slice(results: Results, preset: str, batch: int, generation: str) -
         return None
     if best["num_microbatches"] > 1:
         return best
-    for settings in CHEAPER:  # fewer FLOPs, if they fit too
+    capacity = best["memory_bytes"] / best["memory_fraction"]
+    state = sum((best.get("state_bytes") or {}).values())
+    for settings, growth in CHEAPER:  # fewer FLOPs, if they fit too
+        estimate = state + (best["memory_bytes"] - state) * growth
+        if estimate > 1.25 * USABLE * capacity:  # clearly too big: spare the compile
+            continue
         record = compile_one(results, preset, batch, best["topology"], settings)
         if usable(record):
             return record
@@ -209,7 +218,7 @@ def _guess(results: Results, preset: str, batch: int, generation: str) -> int:
                 and record["remat_policy"] == "full":
             estimates.append(record["memory_bytes"] * record["devices"])  # ~ bytes x devices
     if not estimates:
-        return 2  # 16 chips
+        return next(i for i, t in enumerate(SLICES[generation]) if chips_of(t) == 16)
     per_chip_total = max(estimates)
     for index, topology in enumerate(SLICES[generation]):
         devices = chips_of(topology) * targets.CHIPS[generation].devices_per_chip
@@ -245,7 +254,7 @@ def markdown(results: Results, presets, batches, generations) -> str:
     lines = []
     for batch in batches:
         lines.append(f"\n**Batch {batch} x 512/114** (smallest slice with 10% of HBM free; "
-                     "settings; HBM used; compile time)\n")
+                     "settings; HBM used; roofline bound on MFU; compile time)\n")
         lines.append("| preset | " + " | ".join(generations) + " |")
         lines.append("|---|" + "---|" * len(generations))
         for preset in presets:
@@ -263,7 +272,10 @@ def markdown(results: Results, presets, batches, generations) -> str:
                         f"{chosen['topology']} ({chosen['chips']} chips): {chosen['sharding_mode']} "
                         f"{mesh[0]}x{mesh[1]}, remat {chosen['remat_policy']}"
                         + (f", {micro} microbatches" if micro > 1 else "")
-                        + f", {chosen['memory_fraction']:.0%}, {chosen['compile_seconds']:.0f} s")
+                        + f", {chosen['memory_fraction']:.0%}"
+                        + (f", MFU <= {chosen['roofline']['mfu']:.0%}" if chosen.get("roofline")
+                           else "")
+                        + f", {chosen['compile_seconds']:.0f} s")
             lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -117,7 +117,7 @@ def tpu_target(topology: str) -> Target:
       ValueError: for a malformed topology name, or when libtpu is not installed (the message
         says how to install it).
     """
-    generation, _ = parse_topology(topology)
+    generation, dims = parse_topology(topology)
     try:
         import libtpu  # noqa: F401  (only to say how to get it)
     except ImportError:
@@ -132,11 +132,18 @@ def tpu_target(topology: str) -> Target:
     description = topologies.get_topology_desc(
         topology_name=topology, platform="tpu",
         chip_config_name="megacore" if generation in _MEGACORE else "default",
-        chips_per_host_bounds=(2, 2, 1), num_slices=1,
+        chips_per_host_bounds=_host_bounds(dims), num_slices=1,
     )
     devices = list(description.devices)
     hosts = len({d.process_index for d in devices})
     return Target(topology, devices, CHIPS[generation], len(devices) // hosts)
+
+
+def _host_bounds(dims: tuple[int, ...]) -> tuple[int, int, int]:
+    """Chips one host drives along each dimension: a 2x2 board, or the whole of a smaller slice
+    (v5e:1x1, one chip on one host; v5e:2x2, one host)."""
+    padded = (*dims, 1, 1)[:3]
+    return tuple(min(d, b) for d, b in zip(padded, (2, 2, 1)))
 
 
 def cpu_target(num_devices: int, memory_gib: float | None = None) -> Target:
