@@ -42,6 +42,7 @@ import gin
 import optax
 
 from t2t import decoding, models, optim
+from t2t.finetuning import FineTuning
 from t2t import nn as t2t_nn
 from t2t.nn.config import TransformerConfig
 
@@ -69,7 +70,8 @@ def _register_externals() -> dict[str, Callable]:
         ("t2t.nn", (t2t_nn.get_preset,)),
         ("t2t.optim", (optim.adafactor, optim.inverse_sqrt, optim.constant,
                        optim.warmup_linear_decay, optim.warmup_cosine_decay,
-                       optim.slanted_triangular, optim.freeze)),
+                       optim.slanted_triangular)),
+        ("t2t.finetuning", (FineTuning,)),
         ("t2t.models", (models.EncoderDecoderModel, models.DecoderOnlyModel, models.model_for)),
         ("optax", (optax.adamw, optax.sgd)),
         ("t2t.runs", (checkpoint_model_config,)),
@@ -113,6 +115,7 @@ def train(
     eval_steps: int | None = 10,
     evaluators: Sequence[Callable[..., Callable]] = (),
     init_checkpoint: str | None = None,
+    finetuning: FineTuning | None = None,
     num_predictions: int = 0,
     async_checkpoints: bool = True,
     progress: bool = True,
@@ -150,6 +153,8 @@ def train(
       evaluators: factories `factory(model=..., partitioner=...)` returning
         `evaluator(params, step) -> {metric: value}` (decoding metrics).
       init_checkpoint: HF T5 directory or t2t model directory to start from.
+      finetuning: what trains and how (`@t2t.finetuning.FineTuning()`; the files in
+        gin/finetuning/ bind it for each method).
       num_predictions: decode and print this many validation examples at the end.
       async_checkpoints: write checkpoints in the background.
       progress: show a progress bar.
@@ -190,8 +195,8 @@ def train(
         evaluators=[make(model=model, partitioner=partitioner) for make in evaluators],
         metadata=_data_metadata(registry.get_task_or_mixture(mixture_or_task),
                                 mixture_or_task, task_feature_lengths),
-        init_checkpoint=init_checkpoint, async_checkpoints=async_checkpoints,
-        progress=progress,
+        init_checkpoint=init_checkpoint, finetuning=finetuning,
+        async_checkpoints=async_checkpoints, progress=progress,
     )
     write_run_files(model_dir, config)
     try:

@@ -158,3 +158,32 @@ def test_eval_infer_export_files_bind_their_run_function(name, function, tmp_pat
     _parse([name], [f"MODEL_DIR = '{tmp_path}'"])
     bound = gin.get_bindings(f"t2t.runs.{function}")
     assert bound["model_dir"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("finetuning/")])
+def test_finetuning_files_bind_a_method_that_wraps_the_optimizer(name, hf_directory, tmp_path):
+    """Each method file, included after a fine-tuning run, builds its network (with its
+    additions), its FineTuning, and an optimizer over the real parameters."""
+    from t2t.finetuning import FineTuning, depths_of_config
+
+    runs.configure(["runs/finetune.gin", name], [
+        f"MODEL_DIR = '{tmp_path}'", f"INIT_CHECKPOINT = '{hf_directory}'",
+        "MIXTURE_OR_TASK = 'builtin_package'", "import t2t.data.tasks.builtin",
+        "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}"], finalize=True)
+    bound = gin.get_bindings("t2t.runs.train")
+    method, config = bound["finetuning"], bound["model_config"]
+    assert isinstance(method, FineTuning) and not method.is_plain
+    params = nnx.state(t2t_nn.build(config, nnx.Rngs(params=0)), nnx.Param)
+    tx = method.wrap(bound["optimizer"](learning_rate=bound["learning_rate"]),
+                     depths_of_config(config))
+    updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
+    assert jax.tree.structure(updates) == jax.tree.structure(params)
+    fraction = method.describe(params)["trainable_fraction"]
+    additions = {"adapters": "adapter_size", "lora": "lora_rank",
+                 "prompt_tuning": "prompt_length"}
+    stem = os.path.basename(name)[:-4]
+    if stem in additions:
+        assert additions[stem] in config.additions and fraction < 0.5
+        assert stem != "prompt_tuning" or bound["pack"] is False
+    else:
+        assert config.additions == {} and 0 < fraction <= 1

@@ -108,6 +108,12 @@ def _check_exportable(config: TransformerConfig) -> None:
             f"HF T5 has only the plain encoder-decoder layout; architecture "
             f"{config.architecture!r} cannot be converted (supported: 'encoder_decoder')."
         )
+    unmergeable = {k: v for k, v in config.additions.items() if k != "lora_rank"}
+    if unmergeable:
+        raise ValueError(
+            f"HF T5 has no adapter layers or soft prompts, and this network has {unmergeable}; "
+            "they cannot be folded into T5's weights (LoRA can, and is merged on export). Use "
+            "the t2t checkpoint itself (t2t infer / t2t eval).")
 
 
 def config_from_hf(hf_config: Mapping, **overrides) -> TransformerConfig:
@@ -242,6 +248,8 @@ def params_to_hf(state: nnx.State | Mapping, config: TransformerConfig) -> dict[
     """The parameter state of a t2t encoder-decoder (either layer layout) -> HF key -> numpy
     array (contiguous)."""
     pure = state.to_pure_dict() if isinstance(state, nnx.State) else state
+    _check_exportable(config)
+    pure, config = t2t_nn.merge_lora(pure, config)  # W + (alpha / r) A B: a plain T5 kernel
     pure = t2t_nn.unstack_layers(pure)  # scanned layers stacked [L, ...] -> one by one
     table = rename_table(config.replace(scan_layers=False))
     tensors = {}
@@ -303,7 +311,8 @@ def export_hf(directory: str | os.PathLike, config: TransformerConfig,
     tensors = params_to_hf(state, config)  # tied: HF ties lm_head to shared.weight itself
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(hf_config_from_config(config), f, indent=2, sort_keys=True)
+        json.dump(hf_config_from_config(config.replace(lora_rank=0)), f, indent=2,
+                  sort_keys=True)
     save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
 
 

@@ -7,6 +7,7 @@
 
 from flax import nnx
 
+from t2t.nn.additions import merge_lora
 from t2t.nn.config import ARCHITECTURES, TransformerConfig
 from t2t.nn.decoder_only import DecoderOnly
 from t2t.nn.encoder_decoder import EncoderDecoder
@@ -56,6 +57,7 @@ __all__ = [
     "TransformerConfig",
     "build",
     "get_preset",
+    "merge_lora",
     "resize_cache",
     "stack_layers",
     "to_layout",

@@ -31,14 +31,14 @@ class MultiHeadAttention(nnx.Module):
         in_names = (axes.EMBED, axes.JOINED_KV)
         # NOTE: T5 does not divide attention logits by sqrt(d_kv); the factor is folded into the
         # query initializer instead (std (d_model * d_kv)**-0.5 rather than d_model**-0.5).
-        self.query = layers.Dense(d, inner, names=in_names, config=config,
-                                  init=layers.fan_in_init(1.0 / config.d_kv), rngs=rngs)
-        self.key = layers.Dense(d, inner, names=in_names, config=config,
-                                init=layers.fan_in_init(), rngs=rngs)
-        self.value = layers.Dense(d, inner, names=in_names, config=config,
-                                  init=layers.fan_in_init(), rngs=rngs)
-        self.out = layers.Dense(inner, d, names=(axes.JOINED_KV, axes.EMBED), config=config,
-                                init=layers.fan_in_init(), rngs=rngs)
+        def dense(name, size_in, size_out, names, init):
+            return layers.Dense(size_in, size_out, names=names, config=config, init=init,
+                                rngs=rngs, lora_rank=config.lora_rank_for(name))
+
+        self.query = dense("query", d, inner, in_names, layers.fan_in_init(1.0 / config.d_kv))
+        self.key = dense("key", d, inner, in_names, layers.fan_in_init())
+        self.value = dense("value", d, inner, in_names, layers.fan_in_init())
+        self.out = dense("out", inner, d, (axes.JOINED_KV, axes.EMBED), layers.fan_in_init())
 
     def _split_heads(self, x: jax.Array) -> jax.Array:
         """[B, L, N*H] -> [B, L, N, H]."""

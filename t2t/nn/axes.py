@@ -19,6 +19,10 @@ KV = "kv"
 JOINED_KV = "joined_kv"  # heads * d_kv flattened: attention kernels stay 2-D for Adafactor.
 RELPOS_BUCKETS = "relpos_buckets"
 LAYERS = "layers"  # the stacking axis of scanned layers (`TransformerConfig.scan_layers`).
+# Parameters fine-tuning methods add (`t2t.finetuning`), small and replicated in every mode.
+ADAPTER = "adapter"  # hidden units of an adapter layer (`TransformerConfig.adapter_size`).
+LORA_RANK = "lora_rank"  # the low-rank dimension of a LoRA update (`lora_rank`).
+PROMPT = "prompt"  # positions of a learned soft prompt (`prompt_length`).
 
 # Activation axes.
 ACT_BATCH = "activation_batch"
@@ -29,7 +33,8 @@ ACT_HEADS = "activation_heads"
 ACT_KV = "activation_kv"
 ACT_VOCAB = "activation_vocab"
 
-PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS, LAYERS)
+PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS, LAYERS, ADAPTER, LORA_RANK,
+              PROMPT)
 ACTIVATION_AXES = (ACT_BATCH, ACT_LENGTH, ACT_EMBED, ACT_MLP, ACT_HEADS, ACT_KV, ACT_VOCAB)
 
 # A parameter dimension's layout where the parameter is used: its activation counterpart. A
@@ -37,7 +42,8 @@ ACTIVATION_AXES = (ACT_BATCH, ACT_LENGTH, ACT_EMBED, ACT_MLP, ACT_HEADS, ACT_KV,
 # under FSDP each weight is gathered along `embed` in the compute dtype just before its matmul,
 # while tensor-parallel dimensions stay split.
 AT_USE = {VOCAB: ACT_VOCAB, EMBED: ACT_EMBED, MLP: ACT_MLP, HEADS: ACT_HEADS, KV: ACT_KV,
-          JOINED_KV: ACT_HEADS, RELPOS_BUCKETS: None, LAYERS: None}
+          JOINED_KV: ACT_HEADS, RELPOS_BUCKETS: None, LAYERS: None, ADAPTER: None,
+          LORA_RANK: None, PROMPT: None}
 
 # The layouts of the constrained activations (see `t2t.nn.sharding.constrain`), in the one-letter
 # alphabet of the shape comments: B batch (or decoding rows), L length, D d_model, F d_ff, N heads,

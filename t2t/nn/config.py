@@ -23,6 +23,9 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # What the backward pass keeps of each layer's forward pass (`t2t.nn.stacking.REMAT_POLICIES`).
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 PARAM_DTYPES = ("float32", "bfloat16")
+# The dense layers LoRA may adapt (`TransformerConfig.lora_targets`), by module name: attention
+# projections (self- and cross-attention alike), MLP kernels, and the untied output projection.
+LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo", "logits_dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +62,16 @@ class TransformerConfig:
         "full" (only the layer's input; recompute the rest), "dots" (every matmul output) or
         "dots_with_no_batch_dims" (projection outputs; recompute attention). Changes memory and
         FLOPs, not values.
+      adapter_size: d, the hidden units of an adapter layer (paper section 3.5.1): a
+        dense-ReLU-dense block with a residual connection after every feed-forward block,
+        its output kernel zero-initialized so the adapted network starts as the original.
+        0: no adapters.
+      lora_rank: r of LoRA updates `W + (alpha / r) A B` (A [in, r] random, B [r, out] zero)
+        on the dense layers named in `lora_targets`. 0: no LoRA.
+      lora_alpha: the LoRA scale's numerator; None: equal to `lora_rank` (scale 1).
+      lora_targets: module names of the dense layers LoRA adapts, from `LORA_TARGETS`.
+      prompt_length: P, learned vectors prepended to the embedded encoder inputs (prompt
+        tuning). 0: no prompt. Encoder-decoder architectures, unpacked inputs only.
     """
 
     vocab_size: int
@@ -79,11 +92,17 @@ class TransformerConfig:
     architecture: str = "encoder_decoder"
     scan_layers: bool = False
     remat_policy: str = "none"
+    adapter_size: int = 0
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    lora_targets: tuple[str, ...] = ("query", "value")
+    prompt_length: int = 0
 
     def __post_init__(self):
         # Normalize inputs that arrive as lists (JSON, gin) or dtype objects to canonical forms,
         # so equal configs compare and hash equal.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
         object.__setattr__(self, "dtype", _dtype_name("dtype", self.dtype, COMPUTE_DTYPES))
         object.__setattr__(
             self, "param_dtype", _dtype_name("param_dtype", self.param_dtype, PARAM_DTYPES)
@@ -91,6 +110,7 @@ class TransformerConfig:
         self._validate_sizes()
         self._validate_choices()
         self._validate_relative_attention()
+        self._validate_additions()
 
     def _validate_sizes(self):
         for name in ("vocab_size", "d_model", "d_ff", "d_kv", "num_heads", "num_decoder_layers"):
@@ -176,6 +196,45 @@ class TransformerConfig:
                 "TransformerConfig.relative_attention_max_distance must be an int > "
                 f"relative_attention_num_buckets // 2 = {buckets // 2}, got {distance!r}."
             )
+
+    def _validate_additions(self):
+        for name in ("adapter_size", "lora_rank", "prompt_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be an int >= 0 (0: none), got {value!r}.")
+        unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if unknown or (self.lora_rank and not self.lora_targets):
+            raise ValueError(
+                f"TransformerConfig.lora_targets must name dense layers from {LORA_TARGETS}; "
+                f"got {self.lora_targets!r}.")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise ValueError(
+                f"TransformerConfig.lora_alpha must be > 0 or None, got {self.lora_alpha!r}.")
+        if self.prompt_length and self.is_decoder_only:
+            raise ValueError(
+                f"prompt_length={self.prompt_length} prepends a soft prompt to the encoder "
+                f"inputs, and architecture={self.architecture!r} has no encoder. Use an "
+                "encoder-decoder architecture, or adapters / LoRA for a decoder-only model.")
+
+    @property
+    def lora_scale(self) -> float:
+        """alpha / r, the factor of a LoRA update (1 when `lora_alpha` is None)."""
+        if not self.lora_rank:
+            return 0.0
+        alpha = self.lora_rank if self.lora_alpha is None else self.lora_alpha
+        return float(alpha) / self.lora_rank
+
+    def lora_rank_for(self, name: str) -> int:
+        """The LoRA rank of the dense layer called `name` (0: not adapted)."""
+        return self.lora_rank if name in self.lora_targets else 0
+
+    @property
+    def additions(self) -> dict[str, int]:
+        """The fine-tuning additions this network has beyond the pretrained one (non-zero)."""
+        sizes = {"adapter_size": self.adapter_size, "lora_rank": self.lora_rank,
+                 "prompt_length": self.prompt_length}
+        return {k: v for k, v in sizes.items() if v}
 
     @property
     def is_decoder_only(self) -> bool:

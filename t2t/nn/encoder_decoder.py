@@ -39,6 +39,18 @@ class EncoderDecoder(nnx.Module):
         self.token_embedder = layers.Embed(config, rngs=rngs)
         self.encoder = stacks.Encoder(config, rngs=rngs)
         self.decoder = stacks.Decoder(config, cross_attention=True, rngs=rngs)
+        self.prompt_length = config.prompt_length
+        if self.prompt_length:
+            self.prompt = layers.Prompt(config, rngs=rngs)
+
+    def encoder_keys(self, encoder_input_tokens: jax.Array) -> jax.Array:
+        """The tokens the encoder output stands for, for attention masks: the inputs [B, L],
+        after P non-padding placeholders (1) for a soft prompt: [B, P + L]."""
+        if not self.prompt_length:
+            return encoder_input_tokens
+        rows = encoder_input_tokens.shape[0]
+        placeholders = jnp.ones((rows, self.prompt_length), encoder_input_tokens.dtype)
+        return jnp.concatenate([placeholders, encoder_input_tokens], axis=1)
 
     def _shared_layers(self):
         if self.config.architecture == "encoder_decoder_shared":
@@ -63,15 +75,19 @@ class EncoderDecoder(nnx.Module):
           rngs: `nnx.Rngs(dropout=key)` to train with dropout; None is deterministic.
 
         Returns:
-          [B, L, D] in the compute dtype.
+          [B, L, D] in the compute dtype ([B, P + L, D] with a soft prompt of P vectors).
         """
         del encoder_positions
         check_tokens("encoder_input_tokens", encoder_input_tokens)
+        x = self.token_embedder(encoder_input_tokens)
+        if self.prompt_length:
+            _refuse_packed_prompt(encoder_segment_ids)
+            x = self.prompt.prepend(x)  # [B, P + L, D]
+        keys = self.encoder_keys(encoder_input_tokens)
         mask = masks.combine_masks(
-            masks.padding_mask(encoder_input_tokens, encoder_input_tokens),
+            masks.padding_mask(keys, keys),
             _segments(masks.segment_mask, encoder_segment_ids, encoder_segment_ids),
         )
-        x = self.token_embedder(encoder_input_tokens)
         return self.encoder(x, mask, rngs=rngs)
 
     def decode(
@@ -109,7 +125,7 @@ class EncoderDecoder(nnx.Module):
             _segments(masks.segment_mask, decoder_segment_ids, decoder_segment_ids),
         )
         cross_mask = masks.combine_masks(
-            masks.key_padding_mask(encoder_input_tokens),
+            masks.key_padding_mask(self.encoder_keys(encoder_input_tokens)),
             _segments(masks.segment_mask, decoder_segment_ids, encoder_segment_ids),
         )
         x = self.token_embedder(decoder_input_tokens)
@@ -156,7 +172,7 @@ class EncoderDecoder(nnx.Module):
         cache = self.decoder.empty_cache(
             encoded.shape[0], max_decode_length, c.num_heads, c.d_kv, c.compute_dtype
         )
-        per_input = {"cross_bias": masks.mask_to_bias(encoder_input_tokens > 0)}
+        per_input = {"cross_bias": masks.mask_to_bias(self.encoder_keys(encoder_input_tokens) > 0)}
         for i, layer in enumerate(self.decoder.unrolled_layers()):
             k, v = layer.encoder_decoder_attention.project_kv(encoded)
             per_input[f"layers_{i}"] = {"cross_key": k, "cross_value": v}
@@ -186,6 +202,14 @@ class EncoderDecoder(nnx.Module):
         return self.decoder.step(
             x, cache, embedder=self.token_embedder, shared_layers=self._shared_layers()
         )
+
+
+def _refuse_packed_prompt(encoder_segment_ids) -> None:
+    if encoder_segment_ids is not None:
+        raise ValueError(
+            "A soft prompt (prompt_length > 0) is prepended to each row of inputs, so rows must "
+            "hold one example each: train with pack=False (t2t.runs.train.pack = False; "
+            "gin/finetuning/prompt_tuning.gin sets it).")
 
 
 def _check_packing(encoder_segment_ids, decoder_segment_ids) -> None:

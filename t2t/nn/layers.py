@@ -109,7 +109,12 @@ def hashed_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 class Dense(nnx.Module):
-    """A bias-free linear map with a 2-D kernel `[in, out]` and logical axis names."""
+    """A bias-free linear map with a 2-D kernel `[in, out]` and logical axis names.
+
+    With `lora_rank` r > 0 it also holds a LoRA update (Hu et al., 2021): `lora_a` [in, r]
+    (random) and `lora_b` [r, out] (zeros), and computes `x W + scale (x A) B`, which equals
+    `x W` until `lora_b` is trained.
+    """
 
     def __init__(
         self,
@@ -120,27 +125,52 @@ class Dense(nnx.Module):
         config: TransformerConfig,
         init: Initializer,
         rngs: Keys,
+        lora_rank: int = 0,
     ):
         self.dtype = config.compute_dtype
         self.kernel = param(rngs, init, (in_features, out_features), config.params_dtype, names)
         self.names_at_use = tuple(axes.AT_USE[name] for name in names)
         self.step_kernel = None  # [out, in], set by `prepare_for_steps` inside a decoding trace
+        self.lora_scale = config.lora_scale if lora_rank else 0.0
+        if lora_rank:
+            self.lora_a = param(rngs, fan_in_init(), (in_features, lora_rank),
+                                config.params_dtype, (names[0], axes.LORA_RANK))
+            self.lora_b = param(rngs, jax.nn.initializers.zeros, (lora_rank, out_features),
+                                config.params_dtype, (axes.LORA_RANK, names[1]))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., in] -> [..., out] in the compute dtype."""
+        x = x.astype(self.dtype)
         if self.step_kernel is not None:
-            return kernel_first_matmul(x.astype(self.dtype), self.step_kernel)
-        return matmul(x.astype(self.dtype), self._kernel_at_use())
+            return kernel_first_matmul(x, self.step_kernel)
+        y = matmul(x, self._kernel_at_use())
+        if self.lora_scale:
+            a = self.lora_a[...].astype(self.dtype)  # [in, r]
+            b = self.lora_b[...].astype(self.dtype)  # [r, out]
+            y = y + matmul(matmul(x, a), b) * jnp.asarray(self.lora_scale, self.dtype)
+        return y
 
     def _kernel_at_use(self) -> jax.Array:
         """The kernel in the compute dtype and the layout its matmul wants (`axes.AT_USE`)."""
         return constrain(self.kernel[...].astype(self.dtype), self.names_at_use)
 
+    def merged_kernel(self) -> jax.Array:
+        """The kernel with the LoRA update added, `W + scale A B` [in, out], in the storage
+        dtype (the kernel itself without LoRA)."""
+        kernel = self.kernel[...]
+        if not self.lora_scale:
+            return kernel
+        update = jnp.dot(self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32))
+        return (kernel.astype(jnp.float32) + self.lora_scale * update).astype(kernel.dtype)
+
     def prepare_for_steps(self) -> None:
         """From here on (in this trace) multiplies by a transposed copy of the kernel, kernel
         first: the form for decoding steps, where few rows meet every kernel (see
-        `kernel_first_matmul`). Call it once, outside the step loop: the copy is made once."""
+        `kernel_first_matmul`). Call it once, outside the step loop: the copy is made once. A
+        LoRA update is merged into the copy."""
         kernel = self._kernel_at_use()
+        if self.lora_scale:
+            kernel = constrain(self.merged_kernel().astype(self.dtype), self.names_at_use)
         # The barrier keeps XLA from folding the transpose back into the products.
         self.step_kernel = jax.lax.optimization_barrier(kernel.T)
 
@@ -214,6 +244,24 @@ class Embed(nnx.Module):
         self.kernel_first = True
 
 
+class Prompt(nnx.Module):
+    """A soft prompt (Lester et al., 2021): P learned vectors `embedding` [P, D] prepended to
+    every row of embedded encoder inputs. Initialized like token embeddings; fine-tuning may
+    copy rows of the pretrained embedding into it (`t2t.finetuning`)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: Keys):
+        self.dtype = config.compute_dtype
+        self.embedding = param(rngs, jax.nn.initializers.normal(stddev=1.0),
+                               (config.prompt_length, config.d_model), config.params_dtype,
+                               (axes.PROMPT, axes.EMBED))
+
+    def prepend(self, x: jax.Array) -> jax.Array:
+        """[B, L, D] -> [B, P + L, D]."""
+        prompt = self.embedding[...].astype(x.dtype)
+        prompt = jnp.broadcast_to(prompt[None], (x.shape[0], *prompt.shape))  # [B, P, D]
+        return constrain(jnp.concatenate([prompt, x], axis=1), axes.BLD)
+
+
 def prepare_for_steps(*modules: nnx.Module) -> None:
     """Calls `prepare_for_steps` of every `Dense` and `Embed` in `modules` (sub-modules too)."""
     for module in modules:
@@ -249,24 +297,27 @@ _ACTIVATIONS = {
 
 
 class Mlp(nnx.Module):
-    """The feed-forward block: `wo(relu(wi(x)))` or gated `wo(act(wi_0(x)) * wi_1(x))`."""
+    """The feed-forward block: `wo(relu(wi(x)))` or gated `wo(act(wi_0(x)) * wi_1(x))`, then
+    the adapter layer when `config.adapter_size` > 0."""
 
     def __init__(self, config: TransformerConfig, *, rngs: Keys):
         self.activations = config.mlp_activations
         self.dropout_rate = config.dropout_rate
         d, f = config.d_model, config.d_ff
 
-        def dense_in():
-            return Dense(d, f, names=(axes.EMBED, axes.MLP), config=config, init=fan_in_init(),
-                         rngs=rngs)
+        def dense(name, size_in, size_out, names):
+            return Dense(size_in, size_out, names=names, config=config, init=fan_in_init(),
+                         rngs=rngs, lora_rank=config.lora_rank_for(name))
 
         if len(self.activations) == 1:
-            self.wi = dense_in()
+            self.wi = dense("wi", d, f, (axes.EMBED, axes.MLP))
         else:
-            self.wi_0 = dense_in()
-            self.wi_1 = dense_in()
-        self.wo = Dense(f, d, names=(axes.MLP, axes.EMBED), config=config, init=fan_in_init(),
-                        rngs=rngs)
+            self.wi_0 = dense("wi_0", d, f, (axes.EMBED, axes.MLP))
+            self.wi_1 = dense("wi_1", d, f, (axes.EMBED, axes.MLP))
+        self.wo = dense("wo", f, d, (axes.MLP, axes.EMBED))
+        self.has_adapter = config.adapter_size > 0
+        if self.has_adapter:
+            self.adapter = Adapter(config, rngs=rngs)
 
     def __call__(self, x: jax.Array, rngs: nnx.Rngs | None = None) -> jax.Array:
         """[B, L, D] -> [B, L, D]; dropout (training) after the activation."""
@@ -276,4 +327,22 @@ class Mlp(nnx.Module):
             h = _ACTIVATIONS[self.activations[0]](self.wi_0(x))
             h = h * _ACTIVATIONS[self.activations[1]](self.wi_1(x))  # [B, L, F]
         h = dropout(constrain(h, axes.BLF), self.dropout_rate, rngs)
-        return self.wo(h)
+        y = self.wo(h)
+        return self.adapter(y) if self.has_adapter else y
+
+
+class Adapter(nnx.Module):
+    """An adapter layer (Houlsby et al., 2019; T5 paper section 3.5.1): `y + wo(relu(wi(y)))`
+    with `adapter_size` hidden units. `wo` starts at zero, so the layer starts as the identity
+    and an adapted network computes exactly what the network it adapts does."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: Keys):
+        d, a = config.d_model, config.adapter_size
+        self.wi = Dense(d, a, names=(axes.EMBED, axes.ADAPTER), config=config,
+                        init=fan_in_init(), rngs=rngs)
+        self.wo = Dense(a, d, names=(axes.ADAPTER, axes.EMBED), config=config,
+                        init=jax.nn.initializers.zeros, rngs=rngs)
+
+    def __call__(self, y: jax.Array) -> jax.Array:
+        """[B, L, D] -> [B, L, D]."""
+        return y + self.wo(jax.nn.relu(self.wi(y)))

@@ -102,6 +102,7 @@ class Decoder(nnx.Module):
             self.logits_dense = layers.Dense(
                 config.d_model, config.vocab_size, names=(axes.EMBED, axes.VOCAB), config=config,
                 init=layers.fan_in_init(), rngs=rngs,
+                lora_rank=config.lora_rank_for("logits_dense"),
             )
 
     def unrolled_layers(self) -> list[blocks.DecoderLayer]:

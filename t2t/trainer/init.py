@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -66,16 +68,29 @@ def source_config(path: str, **overrides) -> TransformerConfig:
     return config_from_metadata(manager.read_metadata()).replace(**overrides)
 
 
-def check_compatible(source: TransformerConfig, config: TransformerConfig, what: str) -> None:
+# Fields of networks that add parameters to the pretrained one (`TransformerConfig.additions`).
+_ADDITION_FIELDS = ("adapter_size", "lora_rank", "lora_alpha", "lora_targets", "prompt_length")
+
+
+def check_compatible(source: TransformerConfig, config: TransformerConfig, what: str, *,
+                     reinit: bool = False) -> None:
     """Raises ValueError when `source` and `config` describe different networks.
 
-    Dropout and dtypes may differ (fine-tuning changes them); every other field must match.
+    Dropout, dtypes and the layer layout may differ (fine-tuning changes them), and the run may
+    add adapters, LoRA or a soft prompt the source lacks. With `reinit` (some parameters start
+    afresh) any field may differ: every parameter that is loaded is checked by shape instead.
     """
+    if reinit:
+        return
     differ = [
         f"{f.name}: checkpoint {getattr(source, f.name)!r}, run {getattr(config, f.name)!r}"
         for f in dataclasses.fields(TransformerConfig)
-        if f.name not in _FREE_FIELDS and getattr(source, f.name) != getattr(config, f.name)
+        if f.name not in _FREE_FIELDS + _ADDITION_FIELDS
+        and getattr(source, f.name) != getattr(config, f.name)
     ]
+    dropped = sorted(set(source.additions) - {"lora_rank"} - set(config.additions))
+    if dropped:
+        differ.append(f"the checkpoint has {dropped} (fine-tuned additions) the run does not")
     if differ:
         raise ValueError(
             f"The network of {what} differs from the run's model config: {'; '.join(differ)}. "
@@ -86,49 +101,185 @@ def check_compatible(source: TransformerConfig, config: TransformerConfig, what:
 
 def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State,
                 step: int | None = None, *, partitioner: Any = None,
+                reinit: Sequence[str] = (), seed: int = 0, prompt_init: str = "vocabulary",
                 ) -> tuple[nnx.State, dict[str, Any]]:
     """The parameters of a HF directory or t2t run, laid out as `abstract_params` says.
 
-    A source in the other layer layout (scanned or not) is converted (`t2t.nn.to_layout`).
+    A source in the other layer layout (scanned or not) is converted (`t2t.nn.to_layout`). When
+    the run's network adds parameters the source lacks (adapters, LoRA, a soft prompt) or
+    `reinit` names groups to start afresh, those come from the run's random initialization
+    (`seed`) and the rest from the source; a source's LoRA updates the run does not have are
+    merged into its kernels.
 
     Args:
       path: a HF T5 directory or a t2t model directory.
       config: the run's network configuration (checked against the source's).
       abstract_params: the run's parameter shapes carrying shardings.
       step: which checkpoint of a t2t run (default: its latest).
-      partitioner: the run's partitioner; needed only to convert a t2t checkpoint of the other
-        layout (it is restored in its own layout's shards first).
+      partitioner: the run's partitioner; needed to convert a t2t checkpoint of the other
+        layout, and to initialize added or re-initialized parameters.
+      reinit: `t2t.finetuning` specs of parameters to initialize instead of load.
+      seed: the random initialization's seed.
+      prompt_init: "vocabulary" (a new soft prompt copies the embeddings of sampled
+        vocabulary tokens) or "random".
 
     Returns:
       (params, description) where description says what was loaded (for logs and metadata).
     """
+    reinit = list(reinit)
     if checkpoint_kind(path) == HF:
         source, state = hf.import_hf(path, scan_layers=config.scan_layers)
-        check_compatible(source, config, f"HF checkpoint {path}")
+        description: dict[str, Any] = {"kind": HF, "path": os.path.abspath(path)}
+        check_compatible(source, config, f"HF checkpoint {path}", reinit=bool(reinit))
+        if not (reinit or config.additions):
+            return _place(nnx.to_pure_dict(state), abstract_params), description
         values = nnx.to_pure_dict(state)
-        params = jax.tree.map(lambda x: x, abstract_params)  # a new State to fill
-        placed = jax.tree.map(
-            lambda a, v: jax.device_put(np.asarray(v, a.dtype), a.sharding),
-            nnx.to_pure_dict(abstract_params), values,
-        )
-        nnx.replace_by_pure_dict(params, placed)
-        return params, {"kind": HF, "path": os.path.abspath(path)}
+    else:
+        source, values, loaded_step = _restore_t2t(path, step, config, abstract_params,
+                                                   partitioner, bool(reinit))
+        description = {"kind": T2T, "path": os.path.abspath(path), "step": loaded_step}
+        if isinstance(values, nnx.State):  # the same network: already in the run's shards
+            return values, description
+    if source.lora_rank and not config.lora_rank:
+        values, source = t2t_nn.merge_lora(values, source)
+        description["merged_lora"] = True
+    if partitioner is None:
+        raise ValueError("Initializing added or re-initialized parameters needs the run's "
+                         "partitioner.")
+    fresh = nnx.to_pure_dict(nnx.split(partitioner.init_model(
+        lambda: t2t_nn.build(config, nnx.Rngs(params=seed))))[1])
+    merged, started = _fill(fresh, values, reinit)
+    if started:
+        description["initialized"] = started
+    if config.prompt_length and prompt_init == "vocabulary" and "prompt/embedding" in started:
+        merged["prompt"]["embedding"], tokens = _prompt_from_vocabulary(
+            merged["token_embedder"]["embedding"], config.prompt_length, seed)
+        description["prompt_tokens"] = tokens
+    return _place(merged, abstract_params), description
+
+
+def same_network(source: TransformerConfig, config: TransformerConfig) -> bool:
+    """Whether two configs have the same parameters (layout, dropout and dtypes aside)."""
+    free = {name: getattr(config, name) for name in _FREE_FIELDS}
+    return source.replace(**free) == config
+
+
+def _restore_t2t(path, step, config, abstract_params, partitioner, reinit):
+    """(source config, params, step) of a t2t run's checkpoint, in the run's layer layout.
+
+    The params are an `nnx.State` in the run's shards when the networks are the same, else a
+    pure dict of the source network's parameters (to fill the run's from).
+    """
     manager = CheckpointManager(_model_dir(path), read_only=True)
     metadata = manager.read_metadata(step)
     source = config_from_metadata(metadata)
-    check_compatible(source, config, f"the t2t run {path}")
+    check_compatible(source, config, f"the t2t run {path}", reinit=reinit)
+    same = not reinit and same_network(source, config)
     target = abstract_params
-    if source.scan_layers != config.scan_layers:
+    if not same or source.scan_layers != config.scan_layers:
         if partitioner is None:
             raise ValueError(
-                f"The checkpoint {path} has scan_layers={source.scan_layers}, the run "
-                f"{config.scan_layers}; converting needs the run's partitioner.")
+                f"The checkpoint {path} is another network or layout (scan_layers="
+                f"{source.scan_layers}, run {config.scan_layers}); converting needs the run's "
+                "partitioner.")
         _, target = partitioner.abstract_model(lambda: t2t_nn.build(source, nnx.Rngs(params=0)))
-    restored = manager.restore(metadata["step"], abstract_params=target)
-    manager.close()
+    try:
+        restored = manager.restore(metadata["step"], abstract_params=target)
+    finally:
+        manager.close()
     params = restored.params
-    if target is not abstract_params:
-        shardings = jax.tree.map(lambda x: x.sharding, abstract_params)
+    if source.scan_layers != config.scan_layers:
+        layout = source.replace(scan_layers=config.scan_layers)
+        shardings = jax.tree.map(lambda x: x.sharding, abstract_params) if same else None
         with partitioner.context():
-            params = jax.jit(lambda p: t2t_nn.to_layout(p, config), out_shardings=shardings)(params)
-    return params, {"kind": T2T, "path": os.path.abspath(path), "step": restored.step}
+            params = jax.jit(lambda p: t2t_nn.to_layout(p, layout),
+                             out_shardings=shardings)(params)
+        source = layout
+    if same:
+        return source, params, restored.step
+    return source, nnx.to_pure_dict(params), restored.step
+
+
+def _place(values: Any, abstract_params: nnx.State) -> nnx.State:
+    """A pure dict of arrays (host or device) as a State in the shards of `abstract_params`."""
+    params = jax.tree.map(lambda x: x, abstract_params)  # a new State to fill
+    placed = jax.tree.map(lambda a, v: jax.device_put(v.astype(a.dtype), a.sharding),
+                          nnx.to_pure_dict(abstract_params), values)
+    nnx.replace_by_pure_dict(params, placed)
+    return params
+
+
+def _fill(fresh: dict, source: dict, reinit: Sequence[str]) -> tuple[dict, list[str]]:
+    """The run's parameters: the source's where it has them, `fresh` where `reinit` selects
+    them or where they are additions the source lacks.
+
+    Returns:
+      (the merged pure dict, the paths taken from `fresh`, in whole or in part).
+
+    Raises:
+      ValueError: a parameter the source lacks (or has in another shape) that is neither an
+        addition nor re-initialized.
+    """
+    from t2t.finetuning import groups
+    from t2t.nn.additions import is_added
+
+    masks = {path: mask for (path, _), mask in zip(
+        groups.leaf_shapes(fresh), groups.masks_of(groups.select(fresh, reinit)))}
+    flat_source = {"/".join(k): v for k, v in _flatten(source)}
+    started, problems = [], []
+
+    def pick(path: str, new):
+        old = flat_source.get(path)
+        mask = masks[path]
+        fits = old is not None and tuple(old.shape) == tuple(new.shape)
+        if isinstance(mask, np.ndarray):  # some layers of a stacked parameter start afresh
+            if not fits:
+                problems.append(f"{path}: checkpoint {None if old is None else old.shape}, "
+                                f"run {new.shape}")
+                return new
+            started.append(path)
+            keep = mask.reshape((-1,) + (1,) * (new.ndim - 1))
+            return jnp.where(keep, new, old.astype(new.dtype))
+        if mask or (not fits and old is None and is_added(path)):
+            started.append(path)
+            return new
+        if not fits:
+            problems.append(f"{path}: checkpoint {None if old is None else tuple(old.shape)}, "
+                            f"run {tuple(new.shape)}")
+            return new
+        return old
+
+    merged = _map_paths(pick, fresh)
+    if problems:
+        raise ValueError(
+            "The checkpoint cannot fill these parameters of the run's network: "
+            f"{'; '.join(problems[:6])}{' ...' if len(problems) > 6 else ''}. Re-initialize "
+            "them (FineTuning.reinit, e.g. ['decoder']) or use the checkpoint's network.")
+    return merged, started
+
+
+def _flatten(tree: dict, prefix: tuple[str, ...] = ()):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, prefix + (str(key),))
+        else:
+            yield prefix + (str(key),), value
+
+
+def _map_paths(fn, tree: dict, prefix: str = "") -> dict:
+    return {key: (_map_paths(fn, value, f"{prefix}{key}/") if isinstance(value, dict)
+                  else fn(f"{prefix}{key}", value)) for key, value in tree.items()}
+
+
+# Lester et al. (2021) sample prompt initializations from the 5,000 most common tokens; the
+# ids of a SentencePiece unigram vocabulary are roughly in that order (0-2: pad, EOS, unk).
+_PROMPT_VOCABULARY = (3, 5000)
+
+
+def _prompt_from_vocabulary(embedding, length: int, seed: int):
+    """P rows of the embedding table [V, D] of distinct sampled tokens: -> ([P, D], ids)."""
+    low, high = _PROMPT_VOCABULARY
+    high = min(high, embedding.shape[0])
+    ids = np.random.default_rng(seed).choice(np.arange(low, high), length,
+                                            replace=high - low < length)
+    return jnp.take(jnp.asarray(embedding), jnp.asarray(ids), axis=0), [int(i) for i in ids]

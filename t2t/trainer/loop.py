@@ -38,6 +38,7 @@ from flax import nnx
 
 from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import BestMetric, CheckpointManager
+from t2t.finetuning import FineTuning, depths_of_config
 from t2t.partitioning import Partitioner
 from t2t.trainer import init, reporting, steps
 
@@ -94,6 +95,7 @@ class Trainer:
         evaluators: Sequence[Evaluator] = (),
         metadata: Mapping[str, Any] | None = None,
         init_checkpoint: str | None = None,
+        finetuning: FineTuning | None = None,
         async_checkpoints: bool = True,
         progress: bool = True,
     ):
@@ -121,6 +123,8 @@ class Trainer:
             mixture_or_task, task_feature_lengths).
           init_checkpoint: start from this HF directory or t2t model directory when `model_dir`
             has no checkpoint.
+          finetuning: what trains and how (`t2t.finetuning.FineTuning`: parameter subsets,
+            re-initialized groups, gradual unfreezing, layer-wise rates); it wraps `tx`.
           async_checkpoints: write checkpoints in the background.
           progress: show the console progress bar.
         """
@@ -129,8 +133,10 @@ class Trainer:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
         if eval_every is not None and (not isinstance(eval_every, int) or eval_every < 1):
             raise ValueError(f"eval_every must be a positive int or None, got {eval_every!r}.")
-        self.model, self.tx, self.partitioner = model, tx, partitioner
+        self.model, self.partitioner = model, partitioner
         self.config: t2t_nn.TransformerConfig = model.config
+        self.finetuning = finetuning or FineTuning()
+        self.tx = self.finetuning.wrap(tx, depths_of_config(self.config))
         self.model_dir = os.fspath(model_dir)
         self.train_data = train_data
         self.learning_rate = learning_rate
@@ -150,7 +156,8 @@ class Trainer:
         self.graphdef, self.abstract_params = partitioner.abstract_model(
             lambda: t2t_nn.build(config, nnx.Rngs(params=seed))
         )
-        self.abstract_opt_state = partitioner.abstract_optimizer(tx, self.abstract_params)
+        self.abstract_opt_state = partitioner.abstract_optimizer(self.tx, self.abstract_params)
+        self.metadata["finetuning"] = self.finetuning.describe(self.abstract_params)
         self._seed = seed
         self._train_step = None  # compiled at the first batch (its shapes are needed)
         self._eval_step = jax.jit(steps.make_eval_step(model))
@@ -191,7 +198,9 @@ class Trainer:
         self.step = 0
         if init_checkpoint:
             self.params, description = init.load_params(
-                init_checkpoint, self.config, self.abstract_params, partitioner=self.partitioner)
+                init_checkpoint, self.config, self.abstract_params, partitioner=self.partitioner,
+                reinit=self.finetuning.reinit, seed=self._seed,
+                prompt_init=self.finetuning.prompt_init)
         else:
             config, seed = self.config, self._seed
             module = self.partitioner.init_model(

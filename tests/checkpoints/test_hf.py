@@ -139,6 +139,32 @@ def test_export_loads_in_hf_with_the_same_logits(tied, batch, tmp_path):
                  jax.tree.map(np.asarray, state.to_pure_dict()))
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_lora_is_merged_on_export_and_hf_gives_the_lora_logits(scan, batch, tmp_path):
+    """Every LoRA target, trained-looking (B != 0): the merged release computes the same."""
+    config = tn.get_preset("tiny", vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48,
+                           num_decoder_layers=3, logits_via_embedding=False, lora_rank=4,
+                           lora_alpha=8.0, scan_layers=scan,
+                           lora_targets=("query", "key", "value", "out", "wi_0", "wi_1", "wo",
+                                         "logits_dense"))
+    state = random_state(config.replace(scan_layers=False))
+    # LoRA updates of a trained model's size: B small and non-zero ((x W + s (x A) B) and
+    # x (W + s A B) round differently in float32, and T5's unscaled attention logits amplify it).
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
+        lambda path, x: 0.05 * x if "lora_b" in jax.tree_util.keystr(path) else x,
+        state.to_pure_dict()))
+    state = tn.to_layout(state, config)  # the same weights, stacked when scanned
+    ours = nnx.merge(nnx.split(nnx.eval_shape(lambda: tn.build(config, nnx.Rngs(0))))[0], state)
+    hf.export_hf(tmp_path, config, state)
+    theirs = T5ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert not any("lora" in name for name in theirs.state_dict())
+    error = np.abs(hf_logits(theirs, *batch) - t2t_logits(ours, *batch)).max()
+    assert error <= TOLERANCE
+    with pytest.raises(ValueError, match="adapter layers or soft prompts.*adapter_size"):
+        hf.export_hf(tmp_path / "adapters", config.replace(adapter_size=4, lora_rank=0),
+                     random_state(config.replace(adapter_size=4, lora_rank=0)))
+
+
 def test_scanned_model_exports_and_imports_with_hf_parity(saved_hf, batch, tmp_path):
     """A model with scanned layers ([L, ...] stacks) reads and writes HF's per-layer tensors."""
     model, directory = saved_hf

@@ -1,0 +1,106 @@
+"""Each fine-tuning method as `t2t train` runs it: from a pretrained checkpoint of the built-in
+corpus, a few steps on the built-in supervised task with the method's gin file, then the saved
+parameters compared bit for bit with the pretrained ones: exactly the intended ones moved.
+
+The network is shrunk by gin bindings (as in tests/test_runs.py) so each run takes seconds.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from t2t import runs
+from t2t.checkpoints import model_dir as model_dir_lib
+
+DEMO = "gin/experiments/tiny_builtin_demo.gin"
+FINETUNE = "gin/experiments/tiny_builtin_finetune.gin"
+SMALL = [
+    "t2t.nn.get_preset.d_model = 32", "t2t.nn.get_preset.d_ff = 64",
+    "t2t.nn.get_preset.num_heads = 2", "t2t.nn.get_preset.d_kv = 16",
+    "t2t.nn.get_preset.num_encoder_layers = 2", "t2t.nn.get_preset.num_decoder_layers = 2",
+    "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}", "BATCH_SIZE = 8",
+    "t2t.runs.train.progress = False", "t2t.runs.train.num_predictions = 0",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtin(builtin_tasks):
+    return builtin_tasks
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pretrained")
+    runs.configure([DEMO], [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2",
+                            "t2t.runs.train.eval_every = None"])
+    runs.train()
+    return str(path)
+
+
+def finetune(pretrained, model_dir, method_files, *bindings, steps=3):
+    runs.configure([FINETUNE, *method_files], [
+        f"INIT_CHECKPOINT = '{pretrained}'", f"MODEL_DIR = '{model_dir}'",
+        f"TRAIN_STEPS = {steps}", "BATCH_SIZE = 8",
+        "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+        "t2t.runs.train.eval_every = None", "t2t.runs.train.evaluators = []",
+        "t2t.runs.train.progress = False", "t2t.runs.train.num_predictions = 0",
+        "t2t.runs.train.log_every = 1", *bindings])
+    return runs.train()
+
+
+def flat_params(model_dir):
+    directory = model_dir_lib.ModelDir(model_dir)
+    params, metadata = directory.restore_params(None, config=directory.config())
+    leaves = jax.tree_util.tree_flatten_with_path(params.to_pure_dict())[0]
+    return {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in leaves}, metadata
+
+
+def is_norm(path):
+    return path.endswith("norm/scale")
+
+
+# method gin file, extra bindings, which parameters may move (path -> bool), additions' prefix
+METHODS = {
+    "adapters": (["gin/finetuning/adapters.gin"], ["ADAPTER_SIZE = 4"],
+                 lambda p: "adapter" in p or is_norm(p)),
+    "lora": (["gin/finetuning/lora.gin"], ["LORA_RANK = 2"], lambda p: "lora_" in p),
+    "prompt_tuning": (["gin/finetuning/prompt_tuning.gin"], ["PROMPT_LENGTH = 3"],
+                      lambda p: p.startswith("prompt/")),
+    "feature_extraction": (["gin/finetuning/feature_extraction.gin"], [],
+                           lambda p: p.startswith("decoder/")),
+    "new_decoder": (["gin/finetuning/feature_extraction_new_decoder.gin"],
+                    ["t2t.runs.checkpoint_model_config.num_decoder_layers = 1"],
+                    lambda p: p.startswith("decoder/")),
+}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_only_the_methods_parameters_move(pretrained, tmp_path, method):
+    files, bindings, may_move = METHODS[method]
+    summary = finetune(pretrained, tmp_path, files, *bindings)
+    assert summary["last_step"] == 3 and np.isfinite(summary["last_loss"])
+    before, _ = flat_params(pretrained)
+    after, metadata = flat_params(tmp_path)
+    described = metadata["finetuning"]
+    moved = {p for p in after if p not in before or not np.array_equal(before[p], after[p])}
+    assert moved == {p for p in after if may_move(p)}, sorted(moved ^ {
+        p for p in after if may_move(p)})
+    assert 0 < described["trainable_parameters"] < described["total_parameters"]
+    if method == "new_decoder":  # a new, smaller decoder: not the pretrained one
+        assert "decoder/layers_1/mlp/wo/kernel" not in after
+        assert metadata["initialized_from"]["initialized"]
+    if method == "prompt_tuning":
+        assert len(metadata["initialized_from"]["prompt_tokens"]) == 3
+
+
+def test_a_lora_run_resumes_and_continues_exactly(pretrained, tmp_path):
+    """Resume composes with the method: 3 steps straight equal 2 steps, stop, 1 more."""
+    files, bindings, _ = METHODS["lora"]
+    finetune(pretrained, tmp_path / "straight", files, *bindings)
+    finetune(pretrained, tmp_path / "resumed", files, *bindings, steps=2)
+    finetune(pretrained, tmp_path / "resumed", files, *bindings)
+    straight, _ = flat_params(tmp_path / "straight")
+    resumed, _ = flat_params(tmp_path / "resumed")
+    assert straight.keys() == resumed.keys()
+    for path in straight:
+        np.testing.assert_array_equal(straight[path], resumed[path], err_msg=path)
