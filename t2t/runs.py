@@ -43,6 +43,7 @@ import optax
 
 from t2t import decoding, models, optim
 from t2t.finetuning import FineTuning
+from t2t.trainer import monitors
 from t2t import nn as t2t_nn
 from t2t.nn.config import TransformerConfig
 
@@ -72,6 +73,7 @@ def _register_externals() -> dict[str, Callable]:
                        optim.warmup_linear_decay, optim.warmup_cosine_decay,
                        optim.slanted_triangular)),
         ("t2t.finetuning", (FineTuning,)),
+        ("t2t.trainer", (monitors.EarlyStopping, monitors.ReduceOnPlateau)),
         ("t2t.models", (models.EncoderDecoderModel, models.DecoderOnlyModel, models.model_for)),
         ("optax", (optax.adamw, optax.sgd)),
         ("t2t.runs", (checkpoint_model_config,)),
@@ -104,6 +106,7 @@ def train(
     sharding_mode: str = "tensor_parallel",
     pack: bool = True,
     use_cached: bool = False,
+    max_train_examples: int | None = None,
     seed: int = 0,
     log_every: int = 100,
     checkpoint_every: int = 1000,
@@ -116,6 +119,8 @@ def train(
     evaluators: Sequence[Callable[..., Callable]] = (),
     init_checkpoint: str | None = None,
     finetuning: FineTuning | None = None,
+    early_stopping: monitors.EarlyStopping | None = None,
+    reduce_on_plateau: monitors.ReduceOnPlateau | None = None,
     num_predictions: int = 0,
     async_checkpoints: bool = True,
     progress: bool = True,
@@ -142,7 +147,9 @@ def train(
       sharding_mode: `data_parallel`, `tensor_parallel` or `fsdp`.
       pack: pack examples into rows.
       use_cached: read the tasks' seqio caches.
-      seed: seeds initialization, dropout and the data order.
+      max_train_examples: train on a subset of this many examples of the task, chosen by
+        `seed` (None: all); recorded in the checkpoints' metadata as `train_subset`.
+      seed: seeds initialization, dropout, the data order and the subset.
       log_every, checkpoint_every, eval_every: periods in steps (eval None: never).
       keep_checkpoints: recent checkpoints to keep (None: all).
       best_metrics: {metric: "max" | "min"} whose best checkpoint is also kept, e.g.
@@ -155,6 +162,10 @@ def train(
       init_checkpoint: HF T5 directory or t2t model directory to start from.
       finetuning: what trains and how (`@t2t.finetuning.FineTuning()`; the files in
         gin/finetuning/ bind it for each method).
+      early_stopping: `@t2t.trainer.EarlyStopping()`: stop after `patience` evaluations
+        without improving its metric (the best checkpoint is kept).
+      reduce_on_plateau: `@t2t.trainer.ReduceOnPlateau()`: lower the update scale when its
+        metric stops improving.
       num_predictions: decode and print this many validation examples at the end.
       async_checkpoints: write checkpoints in the background.
       progress: show a progress bar.
@@ -178,7 +189,14 @@ def train(
     data = dict(task_feature_lengths=dict(task_feature_lengths), global_batch_size=batch_size,
                 architecture=config.architecture, pack=pack, use_cached=use_cached, seed=seed,
                 shard_index=shard_index, num_shards=num_shards)
-    train_config = pipeline.PipelineConfig(mixture_or_task, **data)
+    train_config = pipeline.PipelineConfig(mixture_or_task, **data,
+                                           max_examples=max_train_examples)
+    train_data = pipeline.InputPipeline(train_config)
+    metadata = _data_metadata(registry.get_task_or_mixture(mixture_or_task), mixture_or_task,
+                              task_feature_lengths)
+    subset = getattr(train_data, "subset", None)
+    if subset is not None:
+        metadata["train_subset"] = subset
     eval_configs = {
         name: pipeline.PipelineConfig(name, **{**data, "use_cached": False}, split=eval_split,
                                       shuffle=False, num_epochs=1)
@@ -186,23 +204,29 @@ def train(
     }
     trainer = Trainer(
         model, optimizer(learning_rate=learning_rate), partitioner, model_dir,
-        pipeline.InputPipeline(train_config), learning_rate=learning_rate,
+        train_data, learning_rate=learning_rate,
         num_microbatches=num_microbatches, seed=seed, log_every=log_every,
         checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
         best_metrics=[BestMetric(k, v) for k, v in (best_metrics or {}).items()],
         eval_every=eval_every,
         eval_data={k: batches.eval_batches(c, eval_steps) for k, c in eval_configs.items()},
         evaluators=[make(model=model, partitioner=partitioner) for make in evaluators],
-        metadata=_data_metadata(registry.get_task_or_mixture(mixture_or_task),
-                                mixture_or_task, task_feature_lengths),
-        init_checkpoint=init_checkpoint, finetuning=finetuning,
+        metadata=metadata, init_checkpoint=init_checkpoint, finetuning=finetuning,
+        early_stopping=early_stopping, reduce_on_plateau=reduce_on_plateau,
         async_checkpoints=async_checkpoints, progress=progress,
     )
     write_run_files(model_dir, config)
     try:
         summary = trainer.train(train_steps)
         chief = trainer.is_chief
-        if chief and summary["first_step"] == trainer.step >= train_steps:
+        stopped = summary["stopped_early"]
+        if chief and stopped is not None and summary["first_step"] == trainer.step:
+            best = summary["best"].get("early_stopping", {})
+            print(f"nothing to train: this run stopped early at step {stopped} (best "
+                  f"{early_stopping.metric if early_stopping else 'metric'} {best.get('value')} "
+                  f"at step {best.get('step')}). Give a new MODEL_DIR to train again.",
+                  flush=True)
+        elif chief and summary["first_step"] == trainer.step >= train_steps:
             print(f"nothing to train: the model directory is already at step {trainer.step}, the "
                   "run's train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to "
                   "start over.", flush=True)
@@ -211,7 +235,7 @@ def train(
             vocabulary = registry.get_task_or_mixture(mixture_or_task).output_features[
                 "targets"].vocabulary
             target = eval_configs[eval_tasks[0]] if eval_tasks else dataclasses.replace(
-                train_config, split=eval_split)
+                train_config, split=eval_split, max_examples=None)
             shown = predictions.predict_examples(model, trainer.params, partitioner, target,
                                                  vocabulary, num_predictions)
             if chief:

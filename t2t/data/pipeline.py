@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import seqio
 
-from t2t.data import features, registry, tf_setup
+from t2t.data import features, registry, subsample, tf_setup
 
 _CHECKPOINT_NAME = "data_iterator"
 
@@ -39,6 +39,8 @@ class PipelineConfig:
       use_cached: read the seqio cache of the tasks instead of preprocessing on the fly.
       shard_index: this host's index (`jax.process_index()`).
       num_shards: number of hosts reading disjoint shards (`jax.process_count()`).
+      max_examples: train on at most this many examples of the task, a subset chosen by `seed`
+        (`t2t.data.subsample`); None: all of them.
     """
 
     mixture_or_task: str
@@ -53,6 +55,7 @@ class PipelineConfig:
     use_cached: bool = False
     shard_index: int = 0
     num_shards: int = 1
+    max_examples: int | None = None
 
     def __post_init__(self):
         if not 0 <= self.shard_index < self.num_shards:
@@ -77,6 +80,11 @@ def build_dataset(config: PipelineConfig):
       a dataset of dicts of int32 tensors shaped [per_host_batch_size, length]; the last partial
       batch is dropped when the data repeats forever and kept otherwise.
     """
+    return build_dataset_and_subset(config)[0]
+
+
+def build_dataset_and_subset(config: PipelineConfig):
+    """`build_dataset`, and the description of the subset kept (None without `max_examples`)."""
     tf_setup.hide_accelerators_from_tensorflow()
     import tensorflow as tf
 
@@ -85,7 +93,20 @@ def build_dataset(config: PipelineConfig):
     converter = features.feature_converter(
         config.architecture, has_inputs=features.task_has_inputs(provider), pack=config.pack
     )
-    dataset = seqio.get_dataset(
+    subset = None
+    if config.max_examples is not None:
+        dataset, subset = _capped(provider, lengths, converter, config)
+    else:
+        dataset = _full(provider, lengths, converter, config)
+    options = tf.data.Options()
+    options.deterministic = True
+    dataset = dataset.with_options(options)
+    dataset = dataset.batch(config.per_host_batch_size, drop_remainder=config.num_epochs is None)
+    return dataset.prefetch(tf.data.AUTOTUNE), subset
+
+
+def _full(provider, lengths, converter, config: PipelineConfig):
+    return seqio.get_dataset(
         mixture_or_task_name=provider,
         task_feature_lengths=lengths,
         dataset_split=config.split,
@@ -96,11 +117,26 @@ def build_dataset(config: PipelineConfig):
         use_cached=config.use_cached,
         seed=config.seed,
     )
-    options = tf.data.Options()
-    options.deterministic = True
-    dataset = dataset.with_options(options)
-    dataset = dataset.batch(config.per_host_batch_size, drop_remainder=config.num_epochs is None)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _capped(provider, lengths, converter, config: PipelineConfig):
+    """The task's split read in order, cut to the seed's subset, then sharded, shuffled,
+    repeated and converted as `seqio.get_dataset` would."""
+    if not isinstance(provider, seqio.Task):
+        raise ValueError(
+            f"max_train_examples caps a task, and {provider.name!r} is a mixture. Cap its "
+            "tasks instead (register a mixture of tasks you train capped one by one), or train "
+            "on one task.")
+    seed = 0 if config.seed is None else config.seed
+    dataset = provider.get_dataset(lengths, split=config.split, use_cached=config.use_cached,
+                                   shuffle=False, num_epochs=1, seed=seed)
+    dataset, subset = subsample.subsample(dataset, config.max_examples, seed)
+    dataset = dataset.shard(config.num_shards, config.shard_index)
+    if config.shuffle:
+        dataset = dataset.shuffle(subset["examples_kept"], seed=seed,
+                                  reshuffle_each_iteration=True)
+    dataset = dataset.repeat(config.num_epochs)
+    return converter(dataset, task_feature_lengths=lengths), subset
 
 
 def _lengths_for(provider, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
@@ -130,7 +166,7 @@ class InputPipeline:
         import tensorflow as tf
 
         self.config = config
-        self.dataset = build_dataset(config)
+        self.dataset, self.subset = build_dataset_and_subset(config)
         self._iterator = iter(self.dataset)
         self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
 

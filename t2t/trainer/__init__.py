@@ -5,11 +5,13 @@
 - `loop`: `Trainer`, which restores or initializes a run, steps, logs, evaluates, checkpoints,
   and stops on non-finite values (`NonFiniteError`);
 - `init`: the first parameters of a run from a HF T5 directory or another run's checkpoint;
+- `monitors`: early stopping and reduce-on-plateau on a validation metric;
 - `batches`: fixed-shape host batches from finite eval data;
 - `reporting`: TensorBoard scalars, the console progress bar, the loss-curve PNG;
 - `predictions`: a few decoded examples shown at the end of a run.
 """
 
 from t2t.trainer.loop import LOSS_CURVE_FILE, NonFiniteError, Trainer
+from t2t.trainer.monitors import EarlyStopping, ReduceOnPlateau
 
-__all__ = ["LOSS_CURVE_FILE", "NonFiniteError", "Trainer"]
+__all__ = ["LOSS_CURVE_FILE", "EarlyStopping", "NonFiniteError", "ReduceOnPlateau", "Trainer"]

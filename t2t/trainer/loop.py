@@ -25,6 +25,7 @@ events, the loss curve) and shows progress.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -40,7 +41,7 @@ from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import BestMetric, CheckpointManager
 from t2t.finetuning import FineTuning, depths_of_config
 from t2t.partitioning import Partitioner
-from t2t.trainer import init, reporting, steps
+from t2t.trainer import init, monitors, reporting, steps
 
 Evaluator = Callable[[nnx.State, int], Mapping[str, float]]
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -96,6 +97,8 @@ class Trainer:
         metadata: Mapping[str, Any] | None = None,
         init_checkpoint: str | None = None,
         finetuning: FineTuning | None = None,
+        early_stopping: monitors.EarlyStopping | None = None,
+        reduce_on_plateau: monitors.ReduceOnPlateau | None = None,
         async_checkpoints: bool = True,
         progress: bool = True,
     ):
@@ -125,6 +128,10 @@ class Trainer:
             has no checkpoint.
           finetuning: what trains and how (`t2t.finetuning.FineTuning`: parameter subsets,
             re-initialized groups, gradual unfreezing, layer-wise rates); it wraps `tx`.
+          early_stopping: stop after this many evaluations without improving a metric
+            (`monitors.EarlyStopping`); its best checkpoint is kept.
+          reduce_on_plateau: lower the updates' scale when a metric stops improving
+            (`monitors.ReduceOnPlateau`).
           async_checkpoints: write checkpoints in the background.
           progress: show the console progress bar.
         """
@@ -137,6 +144,17 @@ class Trainer:
         self.config: t2t_nn.TransformerConfig = model.config
         self.finetuning = finetuning or FineTuning()
         self.tx = self.finetuning.wrap(tx, depths_of_config(self.config))
+        self.early_stopping, self.reduce_on_plateau = early_stopping, reduce_on_plateau
+        for watcher in (early_stopping, reduce_on_plateau):
+            if watcher is not None and eval_every is None:
+                raise ValueError(f"{type(watcher).__name__} watches evaluations; set eval_every.")
+        if reduce_on_plateau is not None:
+            self.tx = optax.chain(self.tx, monitors.scale_by_plateau())
+        if early_stopping is not None and early_stopping.metric not in {
+                m.name for m in best_metrics}:
+            best_metrics = [*best_metrics, BestMetric(early_stopping.metric, early_stopping.mode)]
+        self.watches = {"early_stopping": monitors.Watch(), "reduce_on_plateau": monitors.Watch()}
+        self.stopped_early: int | None = None  # the step training stopped early at
         self.model_dir = os.fspath(model_dir)
         self.train_data = train_data
         self.learning_rate = learning_rate
@@ -193,6 +211,9 @@ class Trainer:
                 restored.params, restored.opt_state, restored.step)
             self.tokens_seen = int(restored.metadata.get("tokens_seen", 0))
             self.examples_seen = int(restored.metadata.get("examples_seen", 0))
+            for name, seen in restored.metadata.get("watches", {}).items():
+                self.watches[name] = monitors.Watch(**seen)
+            self.stopped_early = restored.metadata.get("stopped_early")
             logging.info("Restored step %d from %s.", latest, self.model_dir)
             return {"kind": "resume", "step": latest}
         self.step = 0
@@ -233,6 +254,8 @@ class Trainer:
           NonFiniteError: at the first step with a non-finite loss, gradient or parameters.
         """
         first_step = self.step
+        if self.stopped_early is not None:
+            num_steps = self.step  # an early-stopped run stays stopped
         progress = reporting.Progress(num_steps, self.step,  # no bar when nothing is left
                                       enabled=self.progress_enabled and self.step < num_steps,
                                       silent=not self.is_chief)
@@ -249,6 +272,8 @@ class Trainer:
                 self._dispatch(local)
                 progress.advance()
                 eval_results = self._boundary(num_steps, progress) or eval_results
+                if self.stopped_early is not None:
+                    break
             if self.step > first_step and self._saved_step != self.step:  # the data ran out
                 self._flush(progress)
                 self._save(eval_results if self._evaluated_at == self.step else None, progress)
@@ -292,6 +317,8 @@ class Trainer:
         results = None
         if eval_due:
             results = self.evaluate(progress)
+            if self._watch(results, progress):
+                checkpoint_due = True  # keep the new best (or the last step before stopping)
         if checkpoint_due:
             self._save(results, progress)
         if eval_due or checkpoint_due:
@@ -332,6 +359,8 @@ class Trainer:
         if self.learning_rate is not None:
             rate = self.learning_rate
             window["learning_rate"] = float(rate(steps_done[-1] - 1) if callable(rate) else rate)
+        if self.reduce_on_plateau is not None:
+            window["update_scale"] = monitors.plateau_scale(self.opt_state)
         writer.write(steps_done[-1], window)
         writer.flush()
         progress.show({**self.history[-1][1], **window})
@@ -378,6 +407,36 @@ class Trainer:
             print(f"step {self.step} eval: {shown}")
         return results
 
+    def _watch(self, results: Mapping[str, float], progress: reporting.Progress) -> bool:
+        """Updates the watchers with an evaluation; returns whether a checkpoint is due (a new
+        best of the early-stopping metric, or the stop)."""
+        due = False
+        stopping, plateau = self.early_stopping, self.reduce_on_plateau
+        if plateau is not None:
+            watch = self.watches["reduce_on_plateau"]
+            value = monitors.metric_value(results, plateau)
+            if not watch.observe(self.step, value, plateau):
+                if watch.cooling:
+                    watch.cooling, watch.since_best = watch.cooling - 1, 0
+                elif watch.since_best >= plateau.patience:
+                    scale = monitors.plateau_scale(self.opt_state)
+                    new = max(scale * plateau.factor, plateau.min_scale)
+                    self.opt_state = monitors.with_plateau_scale(self.opt_state, new)
+                    watch.cooling, watch.since_best = plateau.cooldown, 0
+                    progress.note(f"step {self.step}: {plateau.metric} has not improved on "
+                                  f"{watch.best:.4g} for {plateau.patience} evaluations; update "
+                                  f"scale {scale:.3g} -> {new:.3g}")
+        if stopping is not None:
+            watch = self.watches["early_stopping"]
+            due = watch.observe(self.step, monitors.metric_value(results, stopping), stopping)
+            if watch.since_best >= stopping.patience:
+                self.stopped_early = self.step
+                progress.note(f"step {self.step}: stopping early, {stopping.metric} has not "
+                              f"improved for {stopping.patience} evaluations; best "
+                              f"{watch.best:.4g} at step {watch.best_step} (checkpoint kept)")
+                due = True
+        return due
+
     # -- checkpoints -----------------------------------------------------------------------------
 
     def _save(self, metrics: Mapping[str, float] | None, progress: reporting.Progress) -> None:
@@ -401,6 +460,8 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "examples_seen": self.examples_seen,
             "initialized_from": self.init_description,
+            "watches": {k: dataclasses.asdict(v) for k, v in self.watches.items()},
+            "stopped_early": self.stopped_early,
         }
 
     def plot_loss_curve(self) -> str:
@@ -436,4 +497,7 @@ class Trainer:
             "compile_seconds": self.compile_seconds,
             "tokens_seen": self.tokens_seen,
             "eval": dict(eval_results),
+            "stopped_early": self.stopped_early,
+            "best": {name: {"value": w.best, "step": w.best_step}
+                     for name, w in self.watches.items() if w.best is not None},
         }

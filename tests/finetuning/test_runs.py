@@ -5,6 +5,7 @@ parameters compared bit for bit with the pretrained ones: exactly the intended o
 The network is shrunk by gin bindings (as in tests/test_runs.py) so each run takes seconds.
 """
 
+import gin
 import jax
 import numpy as np
 import pytest
@@ -104,3 +105,51 @@ def test_a_lora_run_resumes_and_continues_exactly(pretrained, tmp_path):
     assert straight.keys() == resumed.keys()
     for path in straight:
         np.testing.assert_array_equal(straight[path], resumed[path], err_msg=path)
+
+
+SCRIPT = [0.50, 0.60, 0.58, 0.61, 0.59, 0.60, 0.90, 0.95]  # the monitors' docstring example
+
+
+def scripted_evaluator(model, partitioner):
+    """Reports SCRIPT[i] at the i-th evaluation (one per step here), whatever the model."""
+    del model, partitioner
+    return lambda params, step: {"scripted/accuracy": SCRIPT[step - 1]}
+
+
+# Registered at import (collection), before any test locks the gin configuration.
+gin.external_configurable(scripted_evaluator, "scripted_evaluator")
+
+
+def watched_run(pretrained, model_dir, *bindings, steps=8):
+    return finetune(pretrained, model_dir, [], "t2t.runs.train.eval_every = 1",
+                    "t2t.runs.train.evaluators = [@scripted_evaluator]",
+                    "t2t.runs.train.eval_tasks = []", "t2t.runs.train.checkpoint_every = 100",
+                    *bindings, steps=steps)
+
+
+def test_early_stopping_stops_after_patience_and_keeps_the_best(pretrained, tmp_path, capsys):
+    stop = ["t2t.runs.train.early_stopping = @t2t.trainer.EarlyStopping()",
+            "t2t.trainer.EarlyStopping.metric = 'scripted/accuracy'",
+            "t2t.trainer.EarlyStopping.patience = 2"]
+    summary = watched_run(pretrained, tmp_path, *stop)
+    assert summary["last_step"] == summary["stopped_early"] == 6
+    assert summary["best"]["early_stopping"] == {"value": 0.61, "step": 4}
+    directory = model_dir_lib.ModelDir(tmp_path)
+    assert 4 in directory.steps() and 6 in directory.steps()  # the best and the last
+    assert "stopping early" in capsys.readouterr().out
+    again = watched_run(pretrained, tmp_path, *stop)  # a stopped run stays stopped
+    assert again["first_step"] == again["last_step"] == 6
+    assert "this run stopped early at step 6" in capsys.readouterr().out
+
+
+def test_reduce_on_plateau_lowers_the_update_scale_after_patience(pretrained, tmp_path):
+    from t2t.trainer import reporting
+
+    watched_run(pretrained, tmp_path, "t2t.runs.train.reduce_on_plateau = "
+                "@t2t.trainer.ReduceOnPlateau()",
+                "t2t.trainer.ReduceOnPlateau.metric = 'scripted/accuracy'",
+                "t2t.trainer.ReduceOnPlateau.patience = 2",
+                "t2t.trainer.ReduceOnPlateau.factor = 0.5")
+    scales = dict(reporting.read_scalars(str(tmp_path / "train"))["update_scale"])
+    # Best 0.61 at eval 4; evals 5 and 6 do not improve: halved after eval 6, seen at step 7.
+    assert [scales[s] for s in range(1, 9)] == [1, 1, 1, 1, 1, 1, 0.5, 0.5]
