@@ -87,6 +87,22 @@ def _register_externals() -> dict[str, Callable]:
 _EXTERNALS = _register_externals()
 
 
+def _register_objectives() -> None:
+    """Every pretraining objective's knobs bindable from gin, for every task built on it
+    (built-in corpus, text files, C4, the C4 pipeline's output): `span_corruption.noise_density
+    = 0.5`, `span_corruption.mean_noise_span_length = 10.0`, `bert_style.mask_rate = 0.8`.
+    Knobs a task was registered with (the C4 sweep tasks) take precedence."""
+    import preprocessors
+    from t2t.data.tasks import text
+
+    for name in text.OBJECTIVES:
+        wrapper = gin.external_configurable(getattr(preprocessors, name), name, "preprocessors")
+        text.set_objective_implementation(name, wrapper)
+
+
+_register_objectives()
+
+
 # -- train ---------------------------------------------------------------------------------------
 
 

@@ -152,9 +152,10 @@ def long_docs():
 
 
 def test_bert_style_replacement_proportions(token_dataset, as_lists, features32100, long_docs):
+    """BERT's own 80/10/10 split (mask_rate=0.8; the default is the paper's 90/10)."""
     out = run(
         preprocessors.bert_style, long_docs, token_dataset, as_lists, features32100,
-        {"inputs": 512, "targets": 512}, with_eos=False, noise_density=0.5,
+        {"inputs": 512, "targets": 512}, with_eos=False, noise_density=0.5, mask_rate=0.8,
     )
     inputs = np.concatenate([e["inputs"] for e in out])
     targets = np.concatenate([e["targets"] for e in out])
@@ -167,9 +168,10 @@ def test_bert_style_replacement_proportions(token_dataset, as_lists, features321
 
 
 def test_bert_style_paper_variant_has_no_kept_noise(token_dataset, as_lists, features32100, long_docs):
+    """The default: the paper's 90% mask / 10% random of the corrupted tokens."""
     out = run(
         preprocessors.bert_style, long_docs, token_dataset, as_lists, features32100,
-        {"inputs": 512, "targets": 512}, with_eos=False, mask_rate=0.9, random_rate=0.1,
+        {"inputs": 512, "targets": 512}, with_eos=False,
     )
     inputs = np.concatenate([e["inputs"] for e in out])
     targets = np.concatenate([e["targets"] for e in out])

@@ -3,9 +3,10 @@
 Registers `c4_<objective>` for each of `text.OBJECTIVES`; `c4_span_corruption` is the T5
 default, trained with task feature lengths inputs 512 / targets 114 (DEFAULT_FEATURE_LENGTHS:
 568 raw tokens become 512 inputs and 114 targets with EOS at noise density 0.15, mean span 3).
-Also registers the paper's sweeps: i.i.d. corruption rates 10/15/25/50% (Table 4) as
-`c4_iid_noise_replace_spans_rate<percent>` and span lengths 2/3/5/10 (Table 5) as
-`c4_span_corruption_span<length>`. The vocabulary is `vocab.default_vocabulary()`
+Also registers the paper's sweeps: i.i.d. corruption rates 10/15/25/50% (Table 6) as
+`c4_iid_noise_replace_spans_rate<percent>` and span lengths 2/3/5/10 (Table 7) as
+`c4_span_corruption_span<length>`. On any corpus the same sweeps are one gin binding of the
+objective's knob (`span_corruption.mean_noise_span_length = 10.0`, see `t2t.runs`). The vocabulary is `vocab.default_vocabulary()`
 (`$T2T_VOCABULARY`, else T5's public model).
 """
 
