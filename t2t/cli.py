@@ -215,11 +215,19 @@ def _eval(subparsers) -> None:
                         help="results JSON (default <model_dir>/eval/results.json)")
     parser.add_argument("--log_predictions", action="store_true",
                         help="write predictions per task and step under <model_dir>/eval")
+    parser.add_argument("--rank_classification", nargs="?", const=True, default=None,
+                        metavar="TASKS", help="score every label of a classification task and "
+                        "predict the likeliest instead of decoding: all tasks, or these "
+                        "(comma-separated)")
+    parser.add_argument("--checkpoints", help="evaluate an ensemble of these checkpoints: steps "
+                        "of --model_dir and/or model directories (DIR or DIR@STEP), "
+                        "comma-separated; writes <model_dir>/eval/ensemble_results.json")
     _add_decoding_flags(parser)
     _add_gin_flags(parser)
     parser.set_defaults(handler=_run_handler("evaluate", (
         "model_dir", "tasks", "step", "steps", "all_steps", "split", "task_feature_lengths",
-        "num_examples", "output_file", "log_predictions", *_DECODING),
+        "num_examples", "output_file", "log_predictions", "rank_classification", "checkpoints",
+        *_DECODING),
         exclusive={"step": None, "steps": None, "all_steps": False}))
 
 

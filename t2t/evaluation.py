@@ -35,6 +35,9 @@ from t2t import inference, metrics, models
 
 History = Mapping[int, Mapping[str, float]]
 RESULTS_FILE = "results.json"
+ENSEMBLE_RESULTS_FILE = "ensemble_results.json"
+# Rank classification chooses among a task's distinct targets; more than this is not a label set.
+MAX_CANDIDATES = 100
 # Metric names (substrings) for which lower is better; every paper metric is higher-better.
 _LOWER_IS_BETTER = ("loss", "perplexity")
 
@@ -59,6 +62,7 @@ class Evaluator:
         log_predictions: bool = False,
         console: Callable[[str], None] | None = print,
         partitioner: Any = None,
+        rank_classification: bool | Sequence[str] = False,
         **predictor_options,
     ):
         """
@@ -74,6 +78,9 @@ class Evaluator:
             JSONL under `log_dir` (seqio's `JSONLogger`).
           console: where the metrics table is printed (None: nowhere).
           partitioner: a `t2t.partitioning.Partitioner` whose shards the parameters live in.
+          rank_classification: score every candidate label and predict the likeliest instead
+            of decoding, for every task (True) or the named ones. A task's candidates are the
+            distinct targets of the evaluated split (at most `MAX_CANDIDATES`).
           **predictor_options: `inference.Predictor` options: batch_size, method ("greedy" or
             "beam"), beam_size, alpha, max_decode_length.
         """
@@ -99,6 +106,8 @@ class Evaluator:
                 f"None of {names} has a task with metric functions and a {split!r} split; "
                 "nothing to evaluate."
             )
+        self.rank_tasks = _rank_tasks(rank_classification, self.task_names)
+        self._candidates: dict[str, np.ndarray] = {}
         self.predictor = inference.Predictor(model, partitioner=partitioner, **predictor_options)
         self.log_dir = log_dir
         self.console = console
@@ -130,8 +139,40 @@ class Evaluator:
 
     def _predict(self, params, dataset) -> list[tuple[int, list[int]]]:
         indices, examples = _enumerated(dataset)
+        task = self._task_of(dataset)
+        if task in self.rank_tasks:
+            candidates = self.candidates(task)
+            best, _ = self.predictor.rank(params, examples, candidates)
+            return [(i, candidates[b].tolist()) for i, b in zip(indices, best)]
         tokens, _ = self.predictor.predict(params, examples)
         return [(i, t.tolist()) for i, t in zip(indices, tokens)]
+
+    def _task_of(self, dataset) -> str | None:
+        for name, cached in self._seqio.cached_model_datasets.items():
+            if cached is dataset:
+                return name
+        return None
+
+    def candidates(self, task: str) -> np.ndarray:
+        """[C, T] the distinct targets (weighted target tokens, EOS included) of `task`'s
+        evaluated split, sorted, zero-padded: the labels rank classification chooses from."""
+        if task not in self._candidates:
+            _, examples = _enumerated(self._seqio.cached_model_datasets[task])
+            labels = sorted({tuple(int(t) for t, w in zip(
+                example["decoder_target_tokens"], example["decoder_loss_weights"]) if w > 0)
+                for example in examples})
+            if len(labels) > MAX_CANDIDATES:
+                raise ValueError(
+                    f"Rank classification of {task!r}: its {self.split} split has "
+                    f"{len(labels)} distinct targets, more than {MAX_CANDIDATES}; it is not a "
+                    "classification task. Decode it instead (leave it out of "
+                    "rank_classification).")
+            width = max(map(len, labels))
+            table = np.zeros((len(labels), width), np.int32)
+            for row, label in enumerate(labels):
+                table[row, :len(label)] = label
+            self._candidates[task] = table
+        return self._candidates[task]
 
     def _score(self, params, dataset) -> list[tuple[int, float]]:
         indices, examples = _enumerated(dataset)
@@ -148,6 +189,19 @@ class Evaluator:
             for name, value in flat.items():
                 tf.summary.scalar(name, value, step=step)
         self._writer.flush()
+
+
+def _rank_tasks(choice: bool | Sequence[str], tasks: Sequence[str]) -> frozenset[str]:
+    if choice is True:
+        return frozenset(tasks)
+    if not choice:
+        return frozenset()
+    named = [choice] if isinstance(choice, str) else list(choice)
+    unknown = sorted(set(named) - set(tasks))
+    if unknown:
+        raise ValueError(f"rank_classification names {unknown}, which are not evaluated here; "
+                         f"the evaluated tasks are {list(tasks)}.")
+    return frozenset(named)
 
 
 def _one_name(names: Sequence[str]) -> str:
@@ -353,6 +407,48 @@ def evaluate_model_dir(
     results = {"split": evaluator.split, "tasks": evaluator.task_names,
                "steps": {str(s): m for s, m in sorted(evaluator.history.items())}, "best": best}
     _write_json(output_file or os.path.join(log_dir, RESULTS_FILE), results)
+    return results
+
+
+def evaluate_ensemble(
+    model_dir: str | None,
+    checkpoints: Sequence[str | int],
+    mixtures_or_tasks: str | Sequence[str],
+    *,
+    output_file: str | None = None,
+    partitioner: Any = None,
+    console: Callable[[str], None] | None = print,
+    **evaluator_options,
+) -> dict[str, Any]:
+    """Evaluates an ensemble of checkpoints (paper section 3.6): decoding averages the members'
+    logits; scores and rank classification average their log-likelihoods.
+
+    Args:
+      model_dir: the model directory the members' bare steps refer to (may be None when every
+        member names its directory).
+      checkpoints: members: steps of `model_dir` and/or model directories (`DIR` or `DIR@STEP`).
+      mixtures_or_tasks, partitioner, console, **evaluator_options: as `evaluate_model_dir`.
+      output_file: the results JSON (default `<model_dir or first member>/eval/` +
+        `ENSEMBLE_RESULTS_FILE`).
+
+    Returns:
+      {"split", "tasks", "members", "metrics": {"task/metric": value}}.
+    """
+    from t2t.checkpoints import model_dir as model_dir_lib
+
+    if len(checkpoints) < 2:
+        raise ValueError(f"An ensemble needs two or more checkpoints, got {list(checkpoints)}.")
+    loaded, params = model_dir_lib.load_members(model_dir, list(checkpoints),
+                                                partitioner=partitioner)
+    evaluator = Evaluator(loaded.model, mixtures_or_tasks, partitioner=partitioner,
+                          console=console, **evaluator_options)
+    flat = evaluator(params, 0)
+    members = [":".join(str(x) for x in model_dir_lib.parse_member(c, model_dir))
+               for c in checkpoints]
+    results = {"split": evaluator.split, "tasks": evaluator.task_names, "members": members,
+               "metrics": flat}
+    home = model_dir or model_dir_lib.parse_member(checkpoints[0], None)[0]
+    _write_json(output_file or os.path.join(home, "eval", ENSEMBLE_RESULTS_FILE), results)
     return results
 
 

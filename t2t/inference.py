@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import seqio
 from flax import nnx
@@ -124,9 +125,20 @@ class Predictor:
                 params, batch, max_decode_length=max_decode_length, **options, **extra)
             return tokens, aux.get("scores")
 
+        def score(params, batch):  # an ensemble's score: the mean of its members'
+            if isinstance(params, nnx.State):
+                return model.score_batch(params, batch)
+            return jnp.mean(jnp.stack([model.score_batch(p, batch) for p in params]), axis=0)
+
+        def rank(params, batch, candidates):  # [B, C] log-likelihoods (members' mean)
+            members = [params] if isinstance(params, nnx.State) else list(params)
+            scores = [model.rank_classification(p, batch, candidates)[1] for p in members]
+            return jnp.mean(jnp.stack(scores), axis=0)
+
         replicated = {} if partitioner is None else {"out_shardings": partitioner.replicated}
         self._predict = jax.jit(predict, static_argnums=3, **replicated)
-        self._score = jax.jit(model.score_batch, **replicated)
+        self._score = jax.jit(score, **replicated)
+        self._rank = jax.jit(rank, **replicated)
 
     def predict(
         self, params: Params, examples: Iterable[Example], *, max_decode_length: int | None = None
@@ -155,18 +167,38 @@ class Predictor:
                 scores.extend(np.asarray(out_scores)[:size].tolist())
         return tokens, (scores if self.method == "beam" else None)
 
-    def score(self, params: nnx.State, examples: Iterable[Example]) -> list[float]:
-        """The log-likelihood of each example's targets (`score_batch`), in order."""
-        if not isinstance(params, nnx.State):
-            raise ValueError(
-                "Scoring takes one parameter set; ensembles are supported for decoding only "
-                f"(got {type(params).__name__})."
-            )
+    def score(self, params: Params, examples: Iterable[Example]) -> list[float]:
+        """The log-likelihood of each example's targets (`score_batch`), in order; for an
+        ensemble, the mean of its members' log-likelihoods."""
+        params = _as_params(params)
         scores = []
         for batch, size in self._batches(examples):
             with self._context():
                 scores.extend(np.asarray(self._score(params, batch))[:size].tolist())
         return scores
+
+    def rank(self, params: Params, examples: Iterable[Example], candidates: np.ndarray
+             ) -> tuple[list[int], list[list[float]]]:
+        """Rank classification: for each example, the candidate target it finds most likely.
+
+        Args:
+          params: the parameters, or a sequence of them (an ensemble: candidates are ranked by
+            the mean of the members' log-likelihoods).
+          examples: model-feature dicts of single examples (their inputs are read).
+          candidates: [C, T] int32, each an EOS-terminated, zero-padded target.
+
+        Returns:
+          The best candidate's index per example, and every candidate's log-likelihood.
+        """
+        params = _as_params(params)
+        candidates = jnp.asarray(candidates, jnp.int32)
+        best, scores = [], []
+        for batch, size in self._batches(examples):
+            with self._context():
+                values = np.asarray(self._rank(params, batch, candidates))[:size]
+            best.extend(int(i) for i in values.argmax(axis=1))
+            scores.extend(values.tolist())
+        return best, scores
 
     def _context(self):
         return contextlib.nullcontext() if self.partitioner is None else self.partitioner.context()

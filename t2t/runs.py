@@ -378,11 +378,14 @@ def evaluate(
     num_examples: int | None = None,
     output_file: str | None = None,
     log_predictions: bool = False,
+    rank_classification: bool | str | Sequence[str] = False,
+    checkpoints: str | Sequence[str] | None = None,
     modules: Sequence[str] = (),
     mesh_shape: Sequence[int] | None = None,
     sharding_mode: str = "tensor_parallel",
 ) -> dict[str, Any]:
-    """Evaluates checkpoints of `model_dir` on tasks and reports the best checkpoint per task.
+    """Evaluates checkpoints of `model_dir` on tasks and reports the best checkpoint per task;
+    or, with `checkpoints`, evaluates them as one ensemble.
 
     Args:
       model_dir: the run's model directory.
@@ -397,15 +400,21 @@ def evaluate(
       num_examples: at most this many examples per task.
       output_file: results JSON (default `<model_dir>/eval/results.json`).
       log_predictions: also write predictions per task and step under `<model_dir>/eval`.
+      rank_classification: pick the likeliest of each task's labels instead of decoding, for
+        every task (True) or the named ones (a list, or a comma-separated string).
+      checkpoints: ensemble members (steps of `model_dir`, `DIR` or `DIR@STEP`; a list or a
+        comma-separated string): evaluate them as one ensemble.
       modules: task registration modules to import (e.g. "t2t.data.tasks.glue").
       mesh_shape, sharding_mode: run sharded on a (data, model) mesh.
 
     Returns:
-      What `t2t.evaluation.evaluate_model_dir` returns (per-step metrics and the best).
+      What `t2t.evaluation.evaluate_model_dir` returns (per-step metrics and the best), or
+      for an ensemble what `evaluate_ensemble` returns.
     """
     from t2t import evaluation
 
-    model_dir = _require(model_dir, "--model_dir", "evaluate.model_dir")
+    if checkpoints is None:
+        model_dir = _require(model_dir, "--model_dir", "evaluate.model_dir")
     names = _names(tasks, "evaluate")
     choices = sum([step is not None, steps is not None, bool(all_steps)])
     if choices > 1:
@@ -413,14 +422,24 @@ def evaluate(
     selection = "all" if all_steps else (list(steps) if steps is not None else
                                          None if step is None else [step])
     import_task_modules(modules, names)
+    if isinstance(rank_classification, str):
+        rank_classification = _names(rank_classification, "evaluate.rank_classification")
+    options = dict(split=split, task_feature_lengths=task_feature_lengths,
+                   num_examples=num_examples, rank_classification=rank_classification,
+                   batch_size=batch_size, method=method, beam_size=beam_size, alpha=alpha,
+                   max_decode_length=max_decode_length, first_cache_length=first_cache_length)
+    if checkpoints is not None:
+        if choices:
+            raise ValueError("An ensemble names its members in checkpoints; drop step, steps "
+                             "and all_steps.")
+        members = _names(checkpoints, "evaluate.checkpoints")
+        return evaluation.evaluate_ensemble(
+            model_dir, members, names, output_file=output_file,
+            partitioner=_partitioner(mesh_shape, sharding_mode), **options)
     return evaluation.evaluate_model_dir(
         model_dir, names, steps=selection, output_file=output_file,
-        partitioner=_partitioner(mesh_shape, sharding_mode), split=split,
-        task_feature_lengths=task_feature_lengths, num_examples=num_examples,
-        log_predictions=log_predictions, batch_size=batch_size, method=method,
-        beam_size=beam_size, alpha=alpha, max_decode_length=max_decode_length,
-        first_cache_length=first_cache_length,
-    )
+        partitioner=_partitioner(mesh_shape, sharding_mode), log_predictions=log_predictions,
+        **options)
 
 
 @gin.configurable(module="t2t.runs")
@@ -440,11 +459,13 @@ def seqio_evaluator(
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     log_predictions: bool = False,
+    rank_classification: bool | Sequence[str] = False,
 ):
     """The trainer's decoding evaluator: `evaluator(params, step) -> {"task/metric": value}`.
 
     Bind `train.evaluators = [@t2t.runs.seqio_evaluator]` and its `tasks` (and `model_dir =
-    %MODEL_DIR` for TensorBoard summaries under `<model_dir>/eval`).
+    %MODEL_DIR` for TensorBoard summaries under `<model_dir>/eval`). `rank_classification =
+    True` (or a list of tasks) scores each label instead of decoding.
     """
     from t2t import evaluation
 
@@ -456,6 +477,7 @@ def seqio_evaluator(
         log_dir=os.path.join(model_dir, "eval") if model_dir else None, partitioner=partitioner,
         batch_size=batch_size, method=method, beam_size=beam_size, alpha=alpha,
         max_decode_length=max_decode_length, first_cache_length=first_cache_length,
+        rank_classification=rank_classification,
     )
 
 

@@ -159,3 +159,70 @@ def test_eval_step_flag_overrides_gin_and_explains_a_missing_step(setup, capsys,
     err = capsys.readouterr().err
     assert "no checkpoint of step 150; saved steps: [100, 200, 300]" in err
     assert "In call to configurable" not in err  # gin's call-site note is not shown to users
+
+
+LABELS = ["yes", "no", "maybe so"]
+
+
+@pytest.fixture(scope="module")
+def label_task(setup, vocabulary, tmp_path_factory):
+    """A classification task whose every target is the label parameter set A scores highest."""
+    from t2t.data.tasks import text
+
+    model, params, _, _ = setup
+    predictor = inference.Predictor(model, batch_size=4)
+    pairs = [{"inputs": sentence, "targets": label} for sentence in INPUTS for label in LABELS]
+    encoded, lengths = inference.encode_examples(pairs, vocabulary, inputs_length=64,
+                                                 targets_length=8)
+    examples = inference.convert(model, encoded, lengths)
+    scores = np.array(predictor.score(params["a"], examples)).reshape(len(INPUTS), len(LABELS))
+    targets = [LABELS[i] for i in scores.argmax(axis=1)]
+    path = tmp_path_factory.mktemp("labels") / "labels.tsv"
+    path.write_text("".join(f"{i}\t{t}\n" for i, t in zip(INPUTS, targets)))
+    name = "eval_test_labels"
+    seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(
+        name, source=seqio.TextLineDataSource({"validation": str(path)}),
+        preprocessors=[functools.partial(text.parse_tsv, field_names=("inputs", "targets")),
+                       seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
+        output_features=text.output_features(vocabulary), metric_fns=[metrics.accuracy])
+    return name, targets
+
+
+def test_rank_classification_picks_the_likeliest_label(setup, label_task, vocabulary):
+    model, params, _, _ = setup
+    name, targets = label_task
+    evaluator = evaluation.Evaluator(model, [name], batch_size=2, console=None,
+                                     rank_classification=True, max_decode_length=LENGTH)
+    seen = {vocabulary.decode([t for t in row if t > 1]) for row in evaluator.candidates(name)}
+    assert seen == set(targets)  # the labels of the split, nothing else
+    assert evaluator(params["a"], 1)[f"{name}/accuracy"] == 100.0
+    # An ensemble of A with itself ranks as A does; another parameter set does not.
+    assert evaluator((params["a"], params["a"]), 2)[f"{name}/accuracy"] == 100.0
+    assert evaluator(params["c"], 3)[f"{name}/accuracy"] < 100.0 or len(set(targets)) == 1
+
+
+def test_rank_classification_refuses_tasks_it_cannot_rank(setup):
+    model, _, _, _ = setup
+    with pytest.raises(ValueError, match="not evaluated here"):
+        evaluation.Evaluator(model, [TASKS[0]], console=None, rank_classification=["nope"])
+
+
+def test_t2t_eval_evaluates_an_ensemble_and_ranks_labels(setup, label_task, capsys):
+    _, _, model_dir, _ = setup
+    name, _ = label_task
+    # Checkpoint 200 holds A: an ensemble of it with itself is A; with 100 (B) it is not.
+    assert cli.main(["eval", f"--model_dir={model_dir}", f"--tasks={TASKS[0]},{name}",
+                     "--checkpoints=200,200", f"--rank_classification={name}",
+                     f"--max_decode_length={LENGTH}", "--batch_size=2"]) == 0
+    written = json.loads(open(os.path.join(model_dir, "eval",
+                                           evaluation.ENSEMBLE_RESULTS_FILE)).read())
+    assert written["members"] == [f"{model_dir}:200", f"{model_dir}:200"]
+    assert written["metrics"][f"{TASKS[0]}/accuracy"] == 100.0
+    assert written["metrics"][f"{name}/accuracy"] == 100.0
+    assert cli.main(["eval", f"--model_dir={model_dir}", f"--tasks={TASKS[0]}",
+                     "--checkpoints=200,100", f"--max_decode_length={LENGTH}"]) == 0
+    mixed = json.loads(open(os.path.join(model_dir, "eval",
+                                         evaluation.ENSEMBLE_RESULTS_FILE)).read())
+    assert mixed["members"][1] == f"{model_dir}:100"
+    assert "ensemble" not in capsys.readouterr().err.lower()
