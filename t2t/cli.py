@@ -329,6 +329,39 @@ def _train(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
+def _chain(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "chain", help="train a chain of stages (pretrain -> intermediate -> target) in one go",
+        description="Run the stages a chain file lists (t2t.chain.run.stages), each an ordinary "
+        "training run in <MODEL_DIR>/<stage>, each starting from the previous stage's selected "
+        "checkpoint (best by a metric, or the last). Rerunning resumes: finished stages are "
+        "skipped. Example: t2t chain --gin_file=gin/chains/stilts_builtin.gin "
+        "--gin.MODEL_DIR=\"'runs/stilts'\" --gin.INIT_CHECKPOINT=\"'runs/demo'\"",
+    )
+    parser.add_argument("--stage_gin", action="append", default=[], metavar="BINDING",
+                        help="a gin binding added to every stage, e.g. --stage_gin="
+                        "\"t2t.runs.train.progress = False\" (repeatable)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print each stage's t2t train command; train nothing")
+    _add_gin_flags(parser)
+
+    def handler(args) -> None:
+        from t2t import chain
+
+        if not args.gin_file:
+            raise ValueError("t2t chain needs a chain file, e.g. "
+                             "--gin_file=gin/chains/stilts_builtin.gin")
+        _configure(args)
+        paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
+        result = chain.run(bindings=args.stage_gin, dry_run=args.dry_run, search_paths=paths)
+        if not args.dry_run:
+            for record in result["stages"]:
+                print(f"  {record['name']}: {record['model_dir']} -> step "
+                      f"{record['selected_step']} ({record['selection'].rsplit('@', 1)[1]})")
+
+    parser.set_defaults(handler=handler)
+
+
 def _compile(subparsers) -> None:
     parser = subparsers.add_parser(
         "compile",
@@ -383,7 +416,7 @@ def _compile(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-SUBCOMMANDS = [_vocab, _cache, _train, _eval, _infer, _export, _average, _compile]
+SUBCOMMANDS = [_vocab, _cache, _train, _chain, _eval, _infer, _export, _average, _compile]
 
 
 def build_parser() -> argparse.ArgumentParser:

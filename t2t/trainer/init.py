@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,13 +60,63 @@ def _model_dir(path: str) -> str:
     return os.path.dirname(path) if os.path.basename(path) == CHECKPOINTS_SUBDIR else path
 
 
+# A checkpoint spec's step suffix: "@1200", "@last", "@best:METRIC" (see `resolve`).
+_STEP_SUFFIX = re.compile(r"^(?P<path>.+)@(?P<which>\d+|last|best:.+)$")
+
+
+def resolve(spec: str) -> tuple[str, int | None]:
+    """A checkpoint spec -> (directory, step or None for the latest).
+
+    `spec` is a HF T5 directory or a t2t model directory, optionally followed by which
+    checkpoint of the latter: `DIR@1200` (that step), `DIR@last`, or `DIR@best:METRIC` (the
+    step whose saved evaluation has the best METRIC; lower is better for losses and
+    perplexities, higher for everything else). A chain of training stages starts each stage
+    from `PREVIOUS@best:METRIC`, so every stage is an ordinary `t2t train` command.
+
+    Raises:
+      ValueError: no checkpoint of DIR has METRIC (the message lists the metrics it has).
+    """
+    match = _STEP_SUFFIX.match(os.fspath(spec))
+    if match is None or os.path.exists(spec):
+        return os.fspath(spec), None
+    path, which = match.group("path"), match.group("which")
+    if which == "last":
+        return path, None
+    if which.isdigit():
+        return path, int(which)
+    return path, best_step(path, which[len("best:"):])
+
+
+def best_step(path: str, metric: str) -> int:
+    """The step of a t2t model directory whose saved metrics have the best `metric`."""
+    from t2t.evaluation import higher_is_better
+
+    manager = CheckpointManager(_model_dir(path), read_only=True)
+    try:
+        found = {step: (manager.metrics(step) or {}) for step in manager.all_steps()}
+    finally:
+        manager.close()
+    scored = {step: values[metric] for step, values in found.items() if metric in values}
+    if not scored:
+        known = sorted({name for values in found.values() for name in values})
+        raise ValueError(
+            f"No checkpoint of {path} was saved with {metric!r} (steps {sorted(found)}; their "
+            f"metrics: {known or 'none'}). Track it with t2t.runs.train.best_metrics = "
+            f"{{'{metric}': 'max'}} and evaluate at checkpoint steps (eval_every = "
+            "checkpoint_every), or start from @last.")
+    sign = 1.0 if higher_is_better(metric) else -1.0
+    return max(scored, key=lambda step: (sign * scored[step], -step))
+
+
 def source_config(path: str, **overrides) -> TransformerConfig:
-    """The network configuration of a HF directory or a t2t run, with `overrides` applied."""
+    """The network configuration of a HF directory or a t2t run (a `resolve` spec), with
+    `overrides` applied."""
+    path, step = resolve(path)
     if checkpoint_kind(path) == HF:
         with open(os.path.join(path, hf.CONFIG_FILE)) as f:
             return hf.config_from_hf(json.load(f), **overrides)
     manager = CheckpointManager(_model_dir(path), read_only=True)
-    return config_from_metadata(manager.read_metadata()).replace(**overrides)
+    return config_from_metadata(manager.read_metadata(step)).replace(**overrides)
 
 
 # Fields of networks that add parameters to the pretrained one (`TransformerConfig.additions`).
@@ -112,7 +163,8 @@ def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State
     merged into its kernels.
 
     Args:
-      path: a HF T5 directory or a t2t model directory.
+      path: a HF T5 directory or a t2t model directory, optionally with a step, `DIR@1200`,
+        `DIR@last` or `DIR@best:METRIC` (`resolve`).
       config: the run's network configuration (checked against the source's).
       abstract_params: the run's parameter shapes carrying shardings.
       step: which checkpoint of a t2t run (default: its latest).
@@ -127,6 +179,8 @@ def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State
       (params, description) where description says what was loaded (for logs and metadata).
     """
     reinit = list(reinit)
+    path, spec_step = resolve(path)
+    step = spec_step if step is None else step
     if checkpoint_kind(path) == HF:
         source, state = hf.import_hf(path, scan_layers=config.scan_layers)
         description: dict[str, Any] = {"kind": HF, "path": os.path.abspath(path)}

@@ -9,7 +9,9 @@ Importing this module builds the corpus and its vocabulary into the cache on fir
   - `builtin_package`: a docstring -> the top-level standard-library package it belongs to
     (accuracy), the offline stand-in for a GLUE-style classification task;
   - mixtures `builtin_supervised` (the two supervised tasks) and `builtin_multitask` (those and
-    span corruption), examples-proportional, for offline multi-task runs.
+    span corruption), examples-proportional, for offline multi-task runs, and for each
+    supervised task `builtin_leave_one_out_<task>`: `builtin_multitask` without it (the
+    paper's leave-one-out training, Table 12).
 """
 
 from __future__ import annotations
@@ -108,10 +110,15 @@ def register(cache_dir: str | None = None) -> list[str]:
     corpus = cache.get_or_build(cache_dir)
     vocabulary = vocab.load_vocabulary(corpus.vocabulary_path)
     names = register_pretraining(corpus, vocabulary) + register_supervised(corpus, vocabulary)
-    for name, tasks in zip(MIXTURES, (SUPERVISED_TASKS, ("builtin_span_corruption", *SUPERVISED_TASKS))):
+    multitask = ("builtin_span_corruption", *SUPERVISED_TASKS)
+    mixture_tasks = {"builtin_supervised": SUPERVISED_TASKS, "builtin_multitask": multitask}
+    for left_out in SUPERVISED_TASKS:
+        name = f"builtin_leave_one_out_{left_out[len('builtin_'):]}"
+        mixture_tasks[name] = tuple(t for t in multitask if t != left_out)
+    for name, tasks in mixture_tasks.items():
         seqio.MixtureRegistry.remove(name)
         seqio.MixtureRegistry.add(name, list(tasks), default_rate=mixtures.examples_proportional())
-    return names + list(MIXTURES)
+    return names + list(mixture_tasks)
 
 
 TASKS = register()

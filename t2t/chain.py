@@ -1,0 +1,246 @@
+"""Chains of training stages: pretrain -> intermediate task(s) -> target task, in one command.
+
+A chain (`t2t chain --gin_file=gin/chains/...`) is a list of `Stage`s, each an ordinary
+training run with its own gin files, steps, learning rate and evaluation, in its own model
+directory `<MODEL_DIR>/<stage name>`. Stage k+1 starts from stage k's selected checkpoint,
+`<stage k dir>@best:METRIC` (the checkpoint with the best saved evaluation of METRIC) or
+`@last`, with a fresh optimizer. Every stage is exactly the `t2t train` command `--dry_run`
+prints, so a chain can also be launched stage by stage by hand or by a cluster scheduler.
+
+Rerunning the command resumes: finished stages are skipped (their selection is read again
+from their checkpoints) and an interrupted stage resumes from its latest checkpoint, so a
+killed chain ends exactly as an uninterrupted one. `<MODEL_DIR>/chain.json` records each
+stage's directory, start, selection and command.
+
+A chain file binds `t2t.chain.run.stages` to a list of dicts (gin literals):
+
+    t2t.chain.run.stages = [
+        {"name": "intermediate", "gin_files": ["experiments/tiny_builtin_finetune.gin"],
+         "bindings": ["MIXTURE_OR_TASK = 'builtin_summarize'"],
+         "select": "builtin_summarize/rougeLsum"},
+        {"name": "target", "gin_files": ["experiments/tiny_builtin_finetune.gin"]},
+    ]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+
+CHAIN_FILE = "chain.json"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One training run of a chain.
+
+    Attributes:
+      name: the stage's directory name under the chain's model directory.
+      gin_files: the run's gin files (as for `t2t train --gin_file`). Every stage after the
+        first (and the first, when the chain has an `init_checkpoint`) starts from a
+        checkpoint, so its files must use the INIT_CHECKPOINT macro (include
+        `runs/finetune.gin`).
+      bindings: gin bindings after the files (as `--gin.NAME=VALUE` without the prefix).
+      select: which checkpoint the next stage starts from: "last", or a metric name whose best
+        saved evaluation wins (the stage then keeps that checkpoint: the metric is added to its
+        `t2t.runs.train.best_metrics`).
+    """
+
+    name: str
+    gin_files: Sequence[str]
+    bindings: Sequence[str] = ()
+    select: str = "last"
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(f"A stage name is a directory name (letters, digits, _.-), got "
+                             f"{self.name!r}.")
+        for field in ("gin_files", "bindings"):
+            value = getattr(self, field)
+            if isinstance(value, str):
+                raise TypeError(f"Stage {self.name!r}: {field} must be a list, got the string "
+                                f"{value!r}; write [{value!r}].")
+            object.__setattr__(self, field, tuple(value))
+        if not self.gin_files:
+            raise ValueError(f"Stage {self.name!r} names no gin file.")
+
+    def selection(self, directory: str) -> str:
+        """The checkpoint spec the next stage starts from (`t2t.trainer.init.resolve`)."""
+        return f"{directory}@{'last' if self.select == 'last' else 'best:' + self.select}"
+
+
+def stages_from(specs: Sequence[Stage | Mapping[str, Any]]) -> list[Stage]:
+    """Stages from gin's dict literals (or Stage objects), checked for unique names."""
+    stages = []
+    for spec in specs:
+        if isinstance(spec, Stage):
+            stages.append(spec)
+            continue
+        unknown = sorted(set(spec) - {f.name for f in dataclasses.fields(Stage)})
+        if unknown:
+            raise ValueError(f"Stage {spec.get('name', spec)!r} has unknown keys {unknown}; a "
+                             "stage has name, gin_files, bindings, select.")
+        stages.append(Stage(**spec))
+    names = [s.name for s in stages]
+    if not stages or len(set(names)) != len(names):
+        raise ValueError(f"A chain needs one or more stages with distinct names, got {names}.")
+    return stages
+
+
+@gin.configurable(module="t2t.chain")
+def run(
+    model_dir: str = gin.REQUIRED,
+    stages: Sequence[Stage | Mapping[str, Any]] = gin.REQUIRED,
+    *,
+    init_checkpoint: str | None = None,
+    bindings: Sequence[str] = (),
+    dry_run: bool = False,
+    search_paths: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Runs (or, with `dry_run`, prints) the stages in order; see the module docstring.
+
+    Args:
+      model_dir: the chain's directory; stage s trains in `<model_dir>/<s.name>`.
+      stages: the stages (dicts with the `Stage` fields, or `Stage`s).
+      init_checkpoint: what the first stage starts from (a HF directory or a `resolve` spec);
+        None: the first stage's own configuration decides (random init for pretraining).
+      bindings: gin bindings added to every stage after its own; one written `STAGE: BINDING`
+        goes to that stage only.
+      dry_run: print each stage's `t2t train` command and train nothing.
+      search_paths: extra directories for the stages' gin files.
+
+    Returns:
+      {"stages": [per-stage record: name, model_dir, init_checkpoint, selection,
+      selected_step, command, skipped]}, also written to `<model_dir>/chain.json`.
+    """
+    from t2t import runs
+
+    chain = stages_from(stages)
+    per_stage = _split_bindings(bindings, [s.name for s in chain])
+    records: list[dict[str, Any]] = []
+    previous = init_checkpoint
+    for stage in chain:
+        directory = os.path.join(model_dir, stage.name)
+        stage_bindings = _stage_bindings(stage, directory, previous, per_stage[stage.name],
+                                         search_paths)
+        record = {"name": stage.name, "model_dir": directory, "init_checkpoint": previous,
+                  "selection": stage.selection(directory),
+                  "command": command_line(stage.gin_files, stage_bindings)}
+        if dry_run:  # parsed all the same, so a broken stage shows before anything runs
+            runs.configure(stage.gin_files, stage_bindings, search_paths)
+            print(record["command"], flush=True)
+        else:
+            runs.configure(stage.gin_files, stage_bindings, search_paths)
+            record["skipped"] = _finished(directory)
+            if record["skipped"]:
+                print(f"chain: stage {stage.name!r} is finished in {directory}; skipped",
+                      flush=True)
+            else:
+                print(f"chain: stage {stage.name!r} -> {directory}"
+                      + (f" (from {previous})" if previous else ""), flush=True)
+                runs.train()
+            from t2t.trainer import init
+
+            record["selected_step"] = init.resolve(record["selection"])[1] or _latest(directory)
+        records.append(record)
+        previous = record["selection"]
+        if not dry_run:
+            _write_record(model_dir, records)
+    return {"stages": records}
+
+
+def _split_bindings(bindings: Sequence[str], names: Sequence[str]) -> dict[str, list[str]]:
+    """Each stage's share of the chain's bindings: `STAGE: BINDING` goes to that stage only,
+    anything else to every stage."""
+    result: dict[str, list[str]] = {name: [] for name in names}
+    for binding in bindings:
+        prefix, _, rest = binding.partition(":")
+        if rest and prefix.strip() in result and "=" not in prefix:
+            result[prefix.strip()].append(rest.strip())
+        else:
+            for name in names:
+                result[name].append(binding)
+    return result
+
+
+def _stage_bindings(stage: Stage, directory: str, previous: str | None,
+                    common: Sequence[str], search_paths: Sequence[str]) -> list[str]:
+    """The stage's bindings: its directory and start, its own, the chain's, and the selection
+    metric added to what its files keep as best checkpoints."""
+    from t2t import runs
+
+    result = [f"MODEL_DIR = {directory!r}"]
+    if previous is not None:
+        result.append(f"INIT_CHECKPOINT = {previous!r}")
+    result += [*stage.bindings, *common]
+    if stage.select != "last":
+        runs.configure(stage.gin_files, result, search_paths, finalize=False)
+        bound = dict(gin.get_bindings("t2t.runs.train", resolve_references=False).get(
+            "best_metrics") or {})
+        if stage.select not in bound:
+            from t2t.evaluation import higher_is_better
+
+            bound[stage.select] = "max" if higher_is_better(stage.select) else "min"
+            result.append(f"t2t.runs.train.best_metrics = {bound!r}")
+    return result
+
+
+def _finished(directory: str) -> bool:
+    """Whether a stage's directory already holds its last step (or stopped early)."""
+    from t2t.checkpoints.manager import CheckpointManager
+
+    if not os.path.isdir(os.path.join(directory, "checkpoints")):
+        return False
+    train_steps = gin.get_bindings("t2t.runs.train").get("train_steps")
+    manager = CheckpointManager(directory, read_only=True)
+    try:
+        latest = manager.latest_step()
+        if latest is None:
+            return False
+        metadata = manager.read_metadata(latest)
+    finally:
+        manager.close()
+    return latest >= train_steps or metadata.get("stopped_early") is not None
+
+
+def _latest(directory: str) -> int | None:
+    from t2t.checkpoints.manager import CheckpointManager
+
+    manager = CheckpointManager(directory, read_only=True)
+    try:
+        return manager.latest_step()
+    finally:
+        manager.close()
+
+
+def command_line(gin_files: Sequence[str], bindings: Sequence[str]) -> str:
+    """The `t2t train` command of a run (shell-quoted)."""
+    parts = ["t2t", "train", *[f"--gin_file={f}" for f in gin_files]]
+    for binding in bindings:
+        if binding.startswith("import "):  # a gin import line: the module to import first
+            parts.append(f"--import={binding[len('import '):].strip()}")
+            continue
+        name, value = (part.strip() for part in binding.split("=", 1))
+        parts.append(f"--gin.{name}={value}")
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _write_record(model_dir: str, records: list[dict[str, Any]]) -> None:
+    import jax
+
+    if jax.process_index() != 0:
+        return
+    os.makedirs(model_dir, exist_ok=True)
+    path = os.path.join(model_dir, CHAIN_FILE)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump({"stages": records}, f, indent=2)
+    os.replace(temporary, path)
