@@ -29,6 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from t2t.nn.additions import is_added
 from t2t.partitioning import param_path
 
 STACKS = ("encoder", "decoder")
@@ -55,8 +56,7 @@ def _norms(parts: list[str]) -> bool:
 
 def _original(test: Callable[[list[str]], bool]) -> Callable[[list[str]], bool]:
     """`test` restricted to parameters of the pretrained network (no additions)."""
-    return lambda parts: test(parts) and not _any_of("adapter", "lora_a", "lora_b",
-                                                    "prompt")(parts)
+    return lambda parts: test(parts) and not is_added("/".join(parts))
 
 
 # Group name -> test on the path's components. Layer groups ("layer:i") are parsed separately.

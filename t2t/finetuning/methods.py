@@ -96,6 +96,19 @@ class FineTuning:
             return chosen
         return _and_not(chosen, groups.select(params, self.frozen, depths))
 
+    def check(self, params: Any) -> None:
+        """Raises ValueError for a spec that selects no parameter of this network (a typo, or a
+        group the network lacks: adapters without `adapter_size`, an encoder of a decoder-only
+        model)."""
+        depths = groups.depths_of(params)
+        for name in ("trainable", "frozen", "reinit"):
+            for spec in getattr(self, name) or ():
+                if not groups.count(params, groups.select(params, [spec], depths)):
+                    raise ValueError(
+                        f"FineTuning.{name}: {spec!r} selects no parameter of this network "
+                        f"(stacks {depths}; additions need their config field: adapter_size "
+                        "for 'adapters', lora_rank for 'lora', prompt_length for 'prompt').")
+
     def labels(self, params: Any, depths: Mapping[str, int] | None = None) -> Any:
         """The `optax.multi_transform` label of each parameter: trainable, frozen or partial."""
         masks = self.masks(params, depths)

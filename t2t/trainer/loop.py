@@ -175,6 +175,7 @@ class Trainer:
             lambda: t2t_nn.build(config, nnx.Rngs(params=seed))
         )
         self.abstract_opt_state = partitioner.abstract_optimizer(self.tx, self.abstract_params)
+        self.finetuning.check(self.abstract_params)
         self.metadata["finetuning"] = self.finetuning.describe(self.abstract_params)
         self._seed = seed
         self._train_step = None  # compiled at the first batch (its shapes are needed)

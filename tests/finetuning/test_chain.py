@@ -36,7 +36,7 @@ STAGES = [
     {"name": "frozen", "gin_files": [FINETUNE],  # trains nothing: ends where it started
      "bindings": ["TRAIN_STEPS = 1", "EVAL_TASKS = []", "t2t.runs.train.eval_every = None",
                   "t2t.runs.train.finetuning = @t2t.finetuning.FineTuning()",
-                  "t2t.finetuning.FineTuning.trainable = ['^$']"]},
+                  "t2t.finetuning.FineTuning.frozen = ['all']"]},
 ]
 
 

@@ -247,3 +247,34 @@ def test_layerwise_rates_scale_each_layers_update_by_a_power_of_xi(scan):
     np.testing.assert_allclose(values[f"{stack}/relpos_bias/rel_embedding"], -rate * xi**2)
     np.testing.assert_allclose(values["token_embedder/embedding"], -rate)
     np.testing.assert_allclose(values["decoder/decoder_norm/scale"], -rate)
+
+
+@pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm", "encoder_decoder_shared"])
+def test_additions_start_as_the_identity_in_every_architecture(architecture):
+    layers = dict(num_encoder_layers=0, num_decoder_layers=3) if architecture in (
+        "decoder_only", "prefix_lm") else {}
+    base = BASE.replace(architecture=architecture, **layers)
+    base_params = params_of(base)
+    config = base.replace(adapter_size=4, lora_rank=2, lora_targets=("query", "wo"))
+    params, started = adapted(config, base_params)
+    assert started
+    tokens = jnp.array([[0, 5, 6, 7, 8], [0, 9, 10, 1, 0]])
+
+    def run(cfg, p):
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: tn.build(cfg, nnx.Rngs(params=0))))
+        model = nnx.merge(graphdef, p)
+        if cfg.is_decoder_only:
+            causal = jnp.array([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+            return model(tokens, decoder_causal_attention=causal)
+        return model(INPUTS, DECODER_INPUTS)
+
+    np.testing.assert_array_equal(np.asarray(run(config, params)), np.asarray(run(base, base_params)))
+
+
+def test_a_spec_that_selects_nothing_is_refused(base_params):
+    with pytest.raises(ValueError, match="'adapters' selects no parameter.*adapter_size"):
+        FineTuning(trainable=["adapters"]).check(base_params)
+    decoder_only = params_of(BASE.replace(architecture="decoder_only", num_encoder_layers=0))
+    with pytest.raises(ValueError, match="'encoder' selects no parameter"):
+        FineTuning(frozen=["encoder"]).check(decoder_only)
+    FineTuning(trainable=["decoder", "layer:-1"]).check(base_params)  # fine

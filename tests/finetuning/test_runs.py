@@ -62,7 +62,8 @@ def is_norm(path):
 
 # method gin file, extra bindings, which parameters may move (path -> bool), additions' prefix
 METHODS = {
-    "adapters": (["gin/finetuning/adapters.gin"], ["ADAPTER_SIZE = 4"],
+    "adapters": (["gin/finetuning/adapters.gin"],  # in two microbatches, too
+                 ["ADAPTER_SIZE = 4", "t2t.runs.train.num_microbatches = 2"],
                  lambda p: "adapter" in p or is_norm(p)),
     "lora": (["gin/finetuning/lora.gin"], ["LORA_RANK = 2"], lambda p: "lora_" in p),
     "prompt_tuning": (["gin/finetuning/prompt_tuning.gin"], ["PROMPT_LENGTH = 3"],
