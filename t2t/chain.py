@@ -52,12 +52,16 @@ class Stage:
       select: which checkpoint the next stage starts from: "last", or a metric name whose best
         saved evaluation wins (the stage then keeps that checkpoint: the metric is added to its
         `t2t.runs.train.best_metrics`).
+      directory: where the stage trains (default `<chain model_dir>/<name>`); chains sharing a
+        stage (a study's pretraining, used by every task) give it one directory, and all but
+        the first find it finished.
     """
 
     name: str
     gin_files: Sequence[str]
     bindings: Sequence[str] = ()
     select: str = "last"
+    directory: str | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -87,7 +91,7 @@ def stages_from(specs: Sequence[Stage | Mapping[str, Any]]) -> list[Stage]:
         unknown = sorted(set(spec) - {f.name for f in dataclasses.fields(Stage)})
         if unknown:
             raise ValueError(f"Stage {spec.get('name', spec)!r} has unknown keys {unknown}; a "
-                             "stage has name, gin_files, bindings, select.")
+                             "stage has name, gin_files, bindings, select, directory.")
         stages.append(Stage(**spec))
     names = [s.name for s in stages]
     if not stages or len(set(names)) != len(names):
@@ -128,7 +132,7 @@ def run(
     records: list[dict[str, Any]] = []
     previous = init_checkpoint
     for stage in chain:
-        directory = os.path.join(model_dir, stage.name)
+        directory = stage.directory or os.path.join(model_dir, stage.name)
         stage_bindings = _stage_bindings(stage, directory, previous, per_stage[stage.name],
                                          search_paths)
         record = {"name": stage.name, "model_dir": directory, "init_checkpoint": previous,
@@ -230,7 +234,16 @@ def command_line(gin_files: Sequence[str], bindings: Sequence[str]) -> str:
             continue
         name, value = (part.strip() for part in binding.split("=", 1))
         parts.append(f"--gin.{name}={value}")
-    return " ".join(shlex.quote(p) for p in parts)
+    return " ".join(_quote(p) for p in parts)
+
+
+def _quote(argument: str) -> str:
+    """Shell quoting that keeps gin's inner quotes readable: --gin.MODEL_DIR="'runs/x'"."""
+    if re.fullmatch(r"[\w@%+=:,./-]+", argument):
+        return argument
+    if not re.search(r'["$`\\!]', argument):
+        return f'"{argument}"'
+    return shlex.quote(argument)
 
 
 def _write_record(model_dir: str, records: list[dict[str, Any]]) -> None:

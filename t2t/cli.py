@@ -8,6 +8,7 @@ and calls it. To add a subcommand, write such a function and list it in SUBCOMMA
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -362,6 +363,72 @@ def _chain(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
+def _study(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "study", help="run a study (arms x tasks x seeds) and aggregate it: study.md/json/png",
+        description="Run the grid a study file declares (gin/studies/NAME.gin, or --gin_file), "
+        "each run an ordinary model directory under the study directory; rerunning skips "
+        "finished runs and resumes the rest. Then aggregate: per arm and task mean +- std over "
+        "seeds, degenerate runs, the suite average, a t-test against the baseline arm and the "
+        "ordering beside the paper's, in study.md, study.json and study.png. Example: t2t study "
+        "finetuning_methods --study_dir=runs/studies/finetuning_methods",
+    )
+    parser.add_argument("name", nargs="?", help="a study of gin/studies/ (without .gin); "
+                        "--gin_file adds files after it, e.g. a profile of "
+                        "gin/studies/profiles/ for the real benchmarks")
+    parser.add_argument("--study_dir", help="where runs and results go (default: the file's "
+                        "STUDY_DIR)")
+    parser.add_argument("--seeds", type=_ints, help="restarts, e.g. 0,1,2 (default: the file's)")
+    parser.add_argument("--print_commands", action="store_true",
+                        help="print every run's t2t train commands; train nothing")
+    parser.add_argument("--aggregate_only", action="store_true",
+                        help="train nothing; aggregate the runs that have results")
+    parser.add_argument("--stage_gin", action="append", default=[], metavar="BINDING",
+                        help="a gin binding added to every stage of every run (repeatable)")
+    _add_gin_flags(parser)
+
+    def handler(args) -> None:
+        from t2t.studies import runner
+
+        if args.name:  # the study's file first; --gin_file ones (a profile) after it
+            args.gin_file = [_study_file(args.name), *args.gin_file]
+        if not args.gin_file:
+            raise ValueError("t2t study needs a study: a name from gin/studies/ (e.g. t2t study "
+                             "finetuning_methods) or --gin_file=FILE.")
+        _configure(args)
+        overrides = {"print_commands": args.print_commands,
+                     "aggregate_only": args.aggregate_only}
+        if args.study_dir:
+            overrides["study_dir"] = args.study_dir
+        if args.seeds:
+            overrides["seeds"] = args.seeds
+        if args.stage_gin:
+            import gin
+
+            bound = gin.get_bindings("t2t.studies.run").get("bindings", ())
+            overrides["bindings"] = [*bound, *args.stage_gin]
+        paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
+        result = runner.run(search_paths=paths, **overrides)
+        if result is not None:
+            print(f"study written to {result['study_dir']}/study.md (and study.json, "
+                  "study.png)")
+
+    parser.set_defaults(handler=handler)
+
+
+def _study_file(name: str) -> str:
+    from t2t import runs
+
+    for root in runs.default_search_paths():
+        path = os.path.join(root, "studies", f"{name}.gin")
+        if os.path.exists(path):
+            return path
+    root = runs.default_search_paths()[0]
+    known = sorted(f[:-4] for f in os.listdir(os.path.join(root, "studies"))
+                   if f.endswith(".gin")) if os.path.isdir(os.path.join(root, "studies")) else []
+    raise ValueError(f"No study {name!r}; gin/studies/ has {known}.")
+
+
 def _compile(subparsers) -> None:
     parser = subparsers.add_parser(
         "compile",
@@ -416,7 +483,8 @@ def _compile(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
-SUBCOMMANDS = [_vocab, _cache, _train, _chain, _eval, _infer, _export, _average, _compile]
+SUBCOMMANDS = [_vocab, _cache, _train, _chain, _study, _eval, _infer, _export, _average,
+               _compile]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,149 @@
+"""A study's report: `study.json` (everything), `study.md` (the table a person reads) and
+`study.png` (suite averages with error bars, and each task's)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from t2t.studies import aggregate, paper as paper_data
+
+
+def paper_comparison(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The paper's numbers for the study's arms and which pairwise orderings reproduced.
+
+    Args:
+      result: from `aggregate.aggregate`.
+      spec: {"table": "10", "column": "GLUE", "rows": {arm: the paper's row label}}; or, for a
+        companion study without numbers here, {"ordering": [arms, best first], "citation":
+        "..."}.
+    """
+    if "ordering" in spec:  # an ordering only: ranks stand in for scores
+        order = list(spec["ordering"])
+        values = {arm: float(len(order) - i) for i, arm in enumerate(order)}
+        ours = {arm: entry["suite"]["mean"] for arm, entry in result["arms"].items()
+                if entry["suite"]["mean"] is not None}
+        pairs = aggregate.compare_orderings(ours, values)
+        return {"table": None, "column": "ordering", "rows": {a: a for a in order},
+                "values": values, "pairs": pairs, "reproduced": sum(p["reproduced"] for p in pairs),
+                "compared": len(pairs), "citation": spec["citation"]}
+    table, column = str(spec["table"]), spec.get("column", "GLUE")
+    values = {arm: paper_data.value(table, row, column) for arm, row in spec["rows"].items()}
+    values = {arm: v for arm, v in values.items() if v is not None}
+    ours = {arm: entry["suite"]["mean"] for arm, entry in result["arms"].items()
+            if entry["suite"]["mean"] is not None}
+    pairs = aggregate.compare_orderings(ours, values)
+    return {"table": table, "column": column, "rows": dict(spec["rows"]), "values": values,
+            "pairs": pairs, "reproduced": sum(p["reproduced"] for p in pairs),
+            "compared": len(pairs), "citation": paper_data.CITATION}
+
+
+def _cell(stats: Mapping[str, Any]) -> str:
+    if not stats["n"]:
+        return "-"
+    return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    tasks, arms = result["tasks"], result["arms"]
+    lines = [f"# {result.get('name', 'study')}", "",
+             f"Mean ± sample std over seeds {result.get('seeds')} of each task's score (the "
+             "mean of its metrics, best evaluation of the run); suite = per seed the mean over "
+             "tasks. Degenerate: runs at or below the task's constant baseline. p: Welch's "
+             f"t-test of the suite averages against `{result['baseline_arm']}`.", "",
+             "| arm | " + " | ".join(tasks) + " | suite | min / max | degenerate | p |",
+             "|---|" + "---|" * (len(tasks) + 4)]
+    for arm, entry in arms.items():
+        cells = [_cell(entry["tasks"][t]) for t in tasks]
+        suite = entry["suite"]
+        degenerate = sum(entry["tasks"][t]["degenerate"] for t in tasks)
+        runs = sum(entry["tasks"][t]["n"] for t in tasks)
+        p = entry.get("p_value")
+        lines.append(
+            f"| {arm} | " + " | ".join(cells) + f" | {_cell(suite)} | "
+            + (f"{suite['min']:.1f} / {suite['max']:.1f}" if suite["n"] else "-")
+            + f" | {degenerate}/{runs} | " + ("-" if p is None else f"{p:.3g}") + " |")
+    baselines = result["baselines"]
+    lines.append("| constant baseline | " + " | ".join(f"{baselines[t]:.1f}" for t in tasks)
+                 + f" | {sum(baselines[t] for t in tasks) / len(tasks):.1f} | | | |")
+    lines += ["", "Ordering here (best first): " + " > ".join(result["ordering"])]
+    comparison = result.get("paper")
+    if comparison:
+        paper_order = sorted(comparison["values"], key=lambda a: -comparison["values"][a])
+        if comparison["table"] is None:
+            heading = "Ordering in the cited study: " + " > ".join(paper_order)
+        else:
+            heading = (f"Ordering in the paper (Table {comparison['table']}, "
+                       f"{comparison['column']}): " + " > ".join(
+                           f"{a} ({comparison['values'][a]:.2f})" for a in paper_order))
+        lines += [
+            heading, "",
+            f"Pairwise orderings reproduced: {comparison['reproduced']} of "
+            f"{comparison['compared']}.", "", "| pair | paper | here | reproduced |",
+            "|---|---|---|---|"]
+        for pair in comparison["pairs"]:
+            lines.append(f"| {pair['pair'][0]} vs {pair['pair'][1]} | {pair['paper']} | "
+                         f"{pair['ours']} | {'yes' if pair['reproduced'] else 'no'} |")
+        lines += ["", f"Paper: {comparison['citation']}"]
+    if result["missing"]:
+        lines += ["", f"Runs without a result: {len(result['missing'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Mapping[str, Any], path: str) -> None:
+    """Suite averages per arm (mean ± std, seeds as dots) and each task's, as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    arms, tasks = list(result["arms"]), result["tasks"]
+    panels = ["suite", *tasks]
+    columns = min(len(panels), 4)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows),
+                                squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        stats = [result["arms"][a]["suite" if panel == "suite" else "tasks"] for a in arms]
+        if panel != "suite":
+            stats = [s[panel] for s in stats]
+        means = [s["mean"] if s["n"] else np.nan for s in stats]
+        stds = [s["std"] if s["n"] else 0.0 for s in stats]
+        positions = np.arange(len(arms))
+        ax.bar(positions, means, yerr=stds, capsize=3, color="#4c72b0", alpha=0.8)
+        if panel == "suite":
+            base = np.mean([result["baselines"][t] for t in tasks])
+        else:
+            base = result["baselines"][panel]
+        ax.axhline(base, color="#c44e52", linestyle="--", linewidth=1, label="constant")
+        ax.set_title(panel, fontsize=9)
+        ax.set_xticks(positions, arms, rotation=35, ha="right", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    figure.suptitle(result.get("name", "study"), fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write(study_dir: str, result: Mapping[str, Any]) -> None:
+    """study.json, study.md and study.png in `study_dir`."""
+    os.makedirs(study_dir, exist_ok=True)
+    with open(os.path.join(study_dir, "study.json"), "w") as f:
+        json.dump(_jsonable(result), f, indent=1)
+    with open(os.path.join(study_dir, "study.md"), "w") as f:
+        f.write(markdown(result))
+    plot(result, os.path.join(study_dir, "study.png"))
+
+
+def _jsonable(value):
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,310 @@
+"""`t2t study`: a declared grid of ordinary training runs, resumable, then aggregated.
+
+A study is arms x tasks x seeds. An arm is a chain of stages (`t2t.chain.Stage` fields as dicts;
+a one-stage arm is a plain fine-tuning run). The last stage of every arm trains and evaluates
+the task: the study binds its MIXTURE_OR_TASK and EVAL_TASKS, and the seed of every stage. A
+stage whose bindings or files mention `{task}` is made per task; any other (a pretraining stage)
+is shared by the arm's tasks for a seed and trained once. Placeholders `{task}` and `{seed}` are
+filled in every binding.
+
+Run r of the grid trains in `<study_dir>/<arm>/seed<seed>/<task>/<stage>` (shared stages in
+`<study_dir>/<arm>/seed<seed>/<stage>`), as ordinary model directories; when its last stage
+ends, its score (the best evaluation's task score: the mean of the task's metrics) goes to
+`score.json` beside them. Rerunning the study skips scored runs and resumes the others where they
+stopped. `print_commands` lists every stage's `t2t train` command instead (shared ones once),
+for a cluster scheduler; `aggregate_only` reads whatever runs have scores. The aggregation
+(`t2t.studies.aggregate`) and its report (`t2t.studies.report`) go to `study.json`, `study.md`
+and `study.png` in the study directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gin
+
+from t2t import chain
+from t2t.studies import aggregate, baselines, report
+
+SCORE_FILE = "score.json"
+BASELINES_FILE = "baselines.json"
+# Evaluation keys the trainer's teacher-forced pass adds; the rest are the task's metrics.
+_TEACHER_FORCED = ("loss", "z_loss", "token_accuracy", "target_tokens")
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "arm"
+
+
+STAGE_KEYS = ("name", "gin_files", "bindings", "select", "share")
+# The last stage of an arm may instead evaluate the previous stage's model on each task
+# (multi-task training without fine-tuning): {"name": "eval", "evaluate": True}.
+EVALUATE_KEYS = ("name", "evaluate")
+
+
+def _flatten(items) -> list[str]:
+    """Bindings given as strings or nested lists of them (a profile's list macro plus an
+    arm's own)."""
+    out = []
+    for item in items:
+        out += _flatten(item) if isinstance(item, (list, tuple)) else [item]
+    return out
+
+
+def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
+           common: Sequence[str], lengths: Mapping[str, Any] | None,
+           corpus: str = "builtin") -> list[chain.Stage]:
+    """The arm's stages for one (task, seed): placeholders filled, directories set, the task
+    and seed bound.
+
+    A stage is per task when it is the last or mentions `{task}`; otherwise it is trained once
+    per seed for the arm, or, with `"share": "study"`, once per seed for every arm that has a
+    stage of that name (a common pretraining).
+    """
+    specs = list(arm["stages"])
+    if specs and specs[-1].get("evaluate"):
+        unknown = sorted(set(specs[-1]) - set(EVALUATE_KEYS))
+        if unknown or len(specs) < 2:
+            raise ValueError(f"Arm {arm['name']!r}: an evaluate stage has only {EVALUATE_KEYS} "
+                             "and follows a training stage.")
+        specs = specs[:-1]
+        evaluates = True
+    else:
+        evaluates = False
+    base = os.path.join(study_dir, _slug(arm["name"]), f"seed{seed}")
+    stages = []
+    for index, spec in enumerate(specs):
+        unknown = sorted(set(spec) - set(STAGE_KEYS))
+        if unknown:
+            raise ValueError(f"Arm {arm['name']!r}, stage {spec.get('name')!r}: unknown keys "
+                             f"{unknown}; a study stage has {STAGE_KEYS}.")
+        last = index == len(specs) - 1 and not evaluates
+
+        def fill(text: str) -> str:
+            return (text.replace("{task}", task).replace("{seed}", str(seed))
+                    .replace("{corpus}", corpus))
+
+        own = _flatten(spec.get("bindings", ()))
+        per_task = last or any("{task}" in b for b in own)
+        bindings = [fill(b) for b in [*own, *_flatten(common)]]
+        bindings.append(f"t2t.runs.train.seed = {seed}")
+        if last:
+            bindings += [f"MIXTURE_OR_TASK = {task!r}", f"EVAL_TASKS = [{task!r}]",
+                         "t2t.runs.train.best_metrics = {}"]
+            if lengths and task in lengths:
+                bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")
+        if per_task:
+            directory = os.path.join(base, task, spec["name"])
+        elif spec.get("share") == "study":
+            directory = os.path.join(study_dir, "shared", f"seed{seed}", spec["name"])
+        else:
+            directory = os.path.join(base, spec["name"])
+        stages.append(chain.Stage(name=spec["name"],
+                                  gin_files=[fill(f) for f in _flatten(spec["gin_files"])],
+                                  bindings=bindings, select=spec.get("select", "last"),
+                                  directory=directory))
+    return stages
+
+
+def run_score(model_dir: str, task: str) -> float | None:
+    """The best evaluation of a finished stage: max over evaluations of the mean of the task's
+    metrics (NaN counts as 0); None when it has none."""
+    from t2t.trainer import reporting
+
+    path = os.path.join(model_dir, "eval")
+    if not os.path.isdir(path):
+        return None
+    scalars = reporting.read_scalars(path)
+    names = [tag for tag in scalars if tag.startswith(f"{task}/")
+             and tag.split("/", 1)[1] not in _TEACHER_FORCED]
+    if not names:
+        return None
+    by_step: dict[int, list[float]] = {}
+    for tag in names:
+        for step, value in scalars[tag]:
+            by_step.setdefault(int(step), []).append(0.0 if math.isnan(value) else float(value))
+    complete = [sum(v) / len(v) for v in by_step.values() if len(v) == len(names)]
+    return max(complete) if complete else None
+
+
+@gin.configurable(module="t2t.studies")
+def run(
+    study_dir: str = gin.REQUIRED,
+    arms: Sequence[Mapping[str, Any]] = gin.REQUIRED,
+    tasks: Sequence[str] = gin.REQUIRED,
+    seeds: Sequence[int] = (0, 1, 2),
+    *,
+    name: str = "study",
+    corpus: str = "builtin",
+    baseline_arm: str | None = None,
+    bindings: Sequence[str] = (),
+    task_feature_lengths: Mapping[str, Mapping[str, int]] | None = None,
+    paper: Mapping[str, Any] | None = None,
+    print_commands: bool = False,
+    aggregate_only: bool = False,
+    search_paths: Sequence[str] = (),
+) -> dict[str, Any] | None:
+    """Runs the grid (or prints it), then aggregates; see the module docstring.
+
+    Args:
+      study_dir: where every run and the results go.
+      arms: [{"name": ..., "stages": [stage dicts]}, ...]; the first is the baseline unless
+        `baseline_arm` names another.
+      tasks: the tasks each arm is trained and evaluated on.
+      seeds: the restarts.
+      name: the study's title in its report.
+      corpus: fills `{corpus}` in bindings ("builtin" or "c4": `{corpus}_span_corruption`).
+      bindings: gin bindings for every stage of every run (placeholders allowed).
+      task_feature_lengths: per task, the last stage's TASK_FEATURE_LENGTHS.
+      paper: {"table": "10", "column": "GLUE", "rows": {arm: paper row}}: the paper's numbers
+        to order the arms against (`t2t.studies.paper`).
+      print_commands: print the runs' commands, train nothing, return None.
+      aggregate_only: train nothing; aggregate the runs that have scores.
+      search_paths: extra gin search paths.
+
+    Returns:
+      The aggregation written to study.json.
+    """
+    arm_names = [a["name"] for a in arms]
+    if len(set(arm_names)) != len(arm_names) or not arm_names:
+        raise ValueError(f"A study needs arms with distinct names, got {arm_names}.")
+    grid = [(arm, task, int(seed)) for arm in arms for seed in seeds for task in tasks]
+    if print_commands:
+        _print_commands(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
+        return None
+    if not aggregate_only:
+        _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
+    scores = {}
+    for arm, task, seed in grid:
+        score = _read_score(study_dir, arm, task, seed)
+        if score is None and aggregate_only:  # runs launched one by one (print_commands)
+            score = _score_of_commands(study_dir, arm, task, seed, bindings,
+                                       task_feature_lengths, corpus)
+        scores[(arm["name"], task, seed)] = score
+    task_baselines = _baselines(study_dir, tasks)
+    result = aggregate.aggregate(scores, baselines=task_baselines,
+                                 baseline_arm=baseline_arm or arm_names[0], arms=arm_names,
+                                 tasks=list(tasks))
+    result["name"] = name
+    result["study_dir"] = study_dir
+    result["seeds"] = [int(s) for s in seeds]
+    result["ordering"] = aggregate.ordering(result)
+    if paper:
+        result["paper"] = report.paper_comparison(result, paper)
+    report.write(study_dir, result)
+    return result
+
+
+def _score_of_commands(study_dir, arm, task, seed, bindings, lengths, corpus) -> float | None:
+    """The score of a run whose printed commands were run by hand (no score.json)."""
+    if _evaluates(arm):
+        path = os.path.join(_run_dir(study_dir, arm, task, seed), "eval.json")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            (metrics,) = json.load(f)["steps"].values()
+        values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
+        return baselines.task_score(values) if values else None
+    last = expand(arm, task, seed, study_dir, bindings, lengths, corpus)[-1]
+    return run_score(last.directory, task)
+
+
+def _run_dir(study_dir: str, arm: Mapping[str, Any], task: str, seed: int) -> str:
+    return os.path.join(study_dir, _slug(arm["name"]), f"seed{seed}", task)
+
+
+def _read_score(study_dir, arm, task, seed) -> float | None:
+    path = os.path.join(_run_dir(study_dir, arm, task, seed), SCORE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["score"]
+
+
+def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
+    todo = [(arm, task, seed) for arm, task, seed in grid
+            if _read_score(study_dir, arm, task, seed) is None]
+    done_before = len(grid) - len(todo)
+    start = time.perf_counter()
+    for index, (arm, task, seed) in enumerate(todo):
+        elapsed = time.perf_counter() - start
+        eta = "" if not index else f", ETA {elapsed / index * (len(todo) - index) / 60:.0f} min"
+        print(f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
+              f"seed {seed} ({done_before} done before{eta})", flush=True)
+        stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
+        directory = _run_dir(study_dir, arm, task, seed)
+        chain.run(directory, stages, search_paths=search_paths)
+        if _evaluates(arm):
+            score = _evaluate(stages[-1].directory, task, directory, lengths)
+        else:
+            score = run_score(stages[-1].directory, task)
+        with open(os.path.join(directory, SCORE_FILE), "w") as f:
+            json.dump({"arm": arm["name"], "task": task, "seed": seed, "score": score,
+                       "model_dir": stages[-1].directory}, f, indent=1)
+    print(f"study: {len(todo)} runs trained in {(time.perf_counter() - start) / 60:.1f} min, "
+          f"{done_before} found done", flush=True)
+
+
+def _evaluates(arm: Mapping[str, Any]) -> bool:
+    return bool(arm["stages"][-1].get("evaluate"))
+
+
+def _evaluate(model_dir: str, task: str, run_dir: str, lengths) -> float | None:
+    """Evaluates the latest checkpoint of `model_dir` on `task` into `<run_dir>/eval.json`."""
+    from t2t import evaluation
+
+    results = evaluation.evaluate_model_dir(
+        model_dir, [task], output_file=os.path.join(run_dir, "eval.json"),
+        task_feature_lengths=dict(lengths[task]) if lengths and task in lengths else None,
+        console=None)
+    (metrics,) = results["steps"].values()
+    values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
+    return baselines.task_score(values) if values else None
+
+
+def _eval_command(model_dir: str, task: str, run_dir: str) -> str:
+    return (f"t2t eval --model_dir={model_dir} --tasks={task} "
+            f"--output_file={os.path.join(run_dir, 'eval.json')}")
+
+
+def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> None:
+    seen = set()
+    for arm, task, seed in grid:
+        stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            chain.run(_run_dir(study_dir, arm, task, seed), stages, dry_run=True,
+                      search_paths=search_paths)
+        lines = [line for line in buffer.getvalue().splitlines() if line.startswith("t2t train")]
+        if _evaluates(arm):
+            lines.append(_eval_command(stages[-1].directory, task,
+                                       _run_dir(study_dir, arm, task, seed)))
+        for line in lines:
+            if line not in seen:
+                seen.add(line)
+                print(line, flush=True)
+
+
+def _baselines(study_dir: str, tasks: Sequence[str]) -> dict[str, float]:
+    """Each task's constant-baseline score, computed once per study directory."""
+    path = os.path.join(study_dir, BASELINES_FILE)
+    cached: dict[str, Any] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            cached = json.load(f)
+    for task in tasks:
+        if task not in cached:
+            metrics = baselines.constant_baseline(task)
+            cached[task] = {"metrics": metrics, "score": baselines.task_score(metrics)}
+    os.makedirs(study_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(cached, f, indent=1, sort_keys=True)
+    return {task: cached[task]["score"] for task in tasks}

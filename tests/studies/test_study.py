@@ -1,0 +1,168 @@
+"""`t2t study` at micro scale: a 2 x 2 x 1 grid of a few steps runs, is killed, resumes without
+rerunning finished runs, and aggregates; `--print_commands` lists runs that, run one by one,
+give the same scores; every study file under gin/studies/ parses stage by stage."""
+
+import glob
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+
+import gin
+import pytest
+
+from t2t import cli, runs
+from t2t.studies import runner
+
+SMALL = [  # a smaller network and shorter runs than the builtin_tiny profile's
+    "t2t.nn.get_preset.d_model = 32", "t2t.nn.get_preset.d_ff = 64",
+    "t2t.nn.get_preset.num_heads = 2", "t2t.nn.get_preset.d_kv = 16",
+    "t2t.nn.get_preset.num_encoder_layers = 1", "t2t.nn.get_preset.num_decoder_layers = 1",
+    "BATCH_SIZE = 8", "t2t.runs.train.log_every = 1",
+    "t2t.runs.seqio_evaluator.num_examples = 16",
+]
+MICRO = textwrap.dedent("""
+    include 'studies/profiles/builtin_tiny.gin'
+    PRETRAIN_STEPS = ["TRAIN_STEPS = 2", "t2t.runs.train.checkpoint_every = 2"]
+    FINETUNE_BINDINGS = ["TRAIN_STEPS = 2", "t2t.runs.train.eval_every = 2",
+                         "t2t.runs.train.checkpoint_every = 1",
+                         "t2t.runs.train.num_predictions = 0", "t2t.runs.train.progress = False"]
+    t2t.studies.run.tasks = ["builtin_order"]
+    t2t.studies.run.seeds = [0, 1]
+    t2t.studies.run.name = "micro"
+    t2t.studies.run.bindings = %SMALL
+    t2t.studies.run.task_feature_lengths = {"builtin_order": {"inputs": 32, "targets": 4}}
+    t2t.studies.run.arms = [
+        {"name": "pre-trained", "stages": [
+            {"name": "pretrain", "gin_files": [%PRETRAIN],
+             "bindings": [%PRETRAIN_STEPS, %PRETRAIN_BINDINGS,
+                          "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}"],
+             "share": "study"},
+            {"name": "finetune", "gin_files": [%FINETUNE], "bindings": [%FINETUNE_BINDINGS]}]},
+        {"name": "no pre-training", "stages": [
+            {"name": "scratch", "gin_files": [%SCRATCH], "bindings": [%FINETUNE_BINDINGS]}]},
+    ]
+    t2t.studies.run.paper = {"table": "1", "column": "GLUE",
+                             "rows": {"pre-trained": "Baseline average",
+                                      "no pre-training": "No pre-training"}}
+""")
+STUDIES = sorted(glob.glob("gin/studies/*.gin"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtin(builtin_tasks):
+    return builtin_tasks
+
+
+@pytest.fixture
+def micro(tmp_path):
+    path = tmp_path / "micro.gin"
+    path.write_text(f"SMALL = {SMALL!r}\n" + MICRO)
+    return str(path)
+
+
+KILLED_STUDY = textwrap.dedent("""
+    import os, signal, sys
+    from t2t import cli
+    from t2t.data import pipeline
+
+    calls = {"n": 0}
+    original = pipeline.InputPipeline.__next__
+
+    def next_or_die(self):  # SIGKILL at the process's `kill_at`-th training batch
+        calls["n"] += 1
+        if calls["n"] == int(sys.argv[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self)
+
+    pipeline.InputPipeline.__next__ = next_or_die
+    cli.main(sys.argv[2:])
+""")
+
+
+def scores(study_dir):
+    with open(os.path.join(study_dir, "study.json")) as f:
+        result = json.load(f)
+    return result, {(arm, seed): json.load(open(path))["score"]
+                    for arm, seed, path in _score_files(study_dir)}
+
+
+def _score_files(study_dir):
+    for path in glob.glob(os.path.join(study_dir, "*", "seed*", "builtin_order",
+                                       runner.SCORE_FILE)):
+        parts = path.split(os.sep)
+        yield parts[-4], parts[-3], path
+
+
+def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
+    study_dir = tmp_path / "study"
+    argv = ["study", f"--gin_file={micro}", f"--study_dir={study_dir}"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    # Killed in the third run (per seed a pretraining of 2 and a fine-tuning of 2 batches came
+    # before).
+    killed = subprocess.run([sys.executable, "-c", KILLED_STUDY, "9", *argv], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    first = {(arm, seed) for arm, seed, _ in _score_files(study_dir)}
+    assert first == {("pre-trained", "seed0"), ("pre-trained", "seed1")}
+    before = {p: os.path.getmtime(p) for _, _, p in _score_files(study_dir)}
+
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "run 3/4" in printed and "(2 done before" in printed and "run 1/4" not in printed
+    assert all(os.path.getmtime(p) == t for p, t in before.items())  # not rerun
+    result, found = scores(study_dir)
+    assert len(found) == 4 and result["missing"] == []
+    assert result["arms"]["pre-trained"]["suite"]["n"] == 2
+    assert result["paper"]["compared"] == 1
+    for name in ("study.md", "study.png", "baselines.json"):
+        assert os.path.getsize(study_dir / name) > 0
+    assert "| constant baseline |" in (study_dir / "study.md").read_text()
+
+    # Seed 0's runs, printed and run command by command, give the same scores.
+    by_hand = [*argv[:2], f"--study_dir={tmp_path / 'by_hand'}", "--seeds=0"]
+    assert cli.main([*by_hand, "--print_commands"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("t2t ")]
+    assert len(commands) == 3  # the shared pretraining, then one run per arm
+    for command in commands:
+        assert cli.main(shlex.split(command)[1:]) == 0
+    assert cli.main([*by_hand, "--aggregate_only"]) == 0
+    again, _ = scores(tmp_path / "by_hand")
+    for arm, slug in (("pre-trained", "pre-trained"), ("no pre-training", "no_pre-training")):
+        assert again["arms"][arm]["tasks"]["builtin_order"]["mean"] == found[(slug, "seed0")]
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[os.path.basename(p) for p in STUDIES])
+def test_every_study_file_parses_and_builds_its_stages(path):
+    """Each arm's stages (for one task and seed) parse and finalize as the runs would."""
+    runs.configure([path], [])
+    bound = gin.get_bindings("t2t.studies.run")
+    tasks, arms = bound["tasks"], bound["arms"]
+    assert tasks and len({a["name"] for a in arms}) == len(arms) >= 2
+    seen = set()
+    for arm in arms:
+        stages = runner.expand(arm, tasks[0], 0, "/tmp/unused_study", bound.get("bindings", ()),
+                               bound.get("task_feature_lengths"), bound.get("corpus", "builtin"))
+        previous = None
+        for stage in stages:
+            bindings = [f"MODEL_DIR = '{stage.directory}'", *stage.bindings]
+            if previous:
+                bindings.append(f"INIT_CHECKPOINT = '{previous}'")
+            key = (tuple(stage.gin_files), tuple(b for b in bindings if "MODEL_DIR" not in b))
+            if key not in seen:
+                seen.add(key)
+                runs.configure(stage.gin_files, bindings)
+                assert gin.query_parameter("t2t.runs.train.train_steps") is not None
+            previous = stage.directory + "@last"
+        runs.configure([path], [])
+    if "paper" in bound:
+        from t2t.studies import paper
+
+        spec = bound["paper"]
+        for arm, row in spec.get("rows", {}).items():
+            assert arm in {a["name"] for a in arms}
+            assert paper.value(spec["table"], row, spec.get("column", "GLUE")) is not None
