@@ -45,6 +45,7 @@ def _slug(name: str) -> str:
 
 
 STAGE_KEYS = ("name", "gin_files", "bindings", "select", "share")
+SHARES = (None, "study", "seeds", "all")
 # The last stage of an arm may instead evaluate the previous stage's model on each task
 # (multi-task training without fine-tuning): {"name": "eval", "evaluate": True}.
 EVALUATE_KEYS = ("name", "evaluate")
@@ -67,7 +68,10 @@ def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
 
     A stage is per task when it is the last or mentions `{task}`; otherwise it is trained once
     per seed for the arm, or, with `"share": "study"`, once per seed for every arm that has a
-    stage of that name (a common pretraining).
+    stage of that name (a common pretraining). `"share": "seeds"` trains it once for the arm
+    and `"share": "all"` once for the study, both with seed 0, so that restarts vary only what
+    follows (the fine-tuning restarts of one pre-trained model, as the paper's tables and
+    STILTs' restarts are).
     """
     specs = list(arm["stages"])
     if specs and specs[-1].get("evaluate"):
@@ -88,14 +92,19 @@ def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
                              f"{unknown}; a study stage has {STAGE_KEYS}.")
         last = index == len(specs) - 1 and not evaluates
 
-        def fill(text: str) -> str:
+        def fill(text: str, seed: int = seed) -> str:
             return (text.replace("{task}", task).replace("{seed}", str(seed))
                     .replace("{corpus}", corpus))
 
         own = _flatten(spec.get("bindings", ()))
         per_task = last or any("{task}" in b for b in own)
-        bindings = [fill(b) for b in [*own, *_flatten(common)]]
-        bindings.append(f"t2t.runs.train.seed = {seed}")
+        share = None if per_task else spec.get("share")
+        if share not in SHARES:
+            raise ValueError(f"Arm {arm['name']!r}, stage {spec['name']!r}: share {share!r}; "
+                             f"expected one of {SHARES[1:]} or none.")
+        stage_seed = 0 if share in ("seeds", "all") else seed
+        bindings = [fill(b, stage_seed) for b in [*own, *_flatten(common)]]
+        bindings.append(f"t2t.runs.train.seed = {stage_seed}")
         if last:
             bindings += [f"MIXTURE_OR_TASK = {task!r}", f"EVAL_TASKS = [{task!r}]",
                          "t2t.runs.train.best_metrics = {}"]
@@ -103,8 +112,12 @@ def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
                 bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")
         if per_task:
             directory = os.path.join(base, task, spec["name"])
-        elif spec.get("share") == "study":
+        elif share == "study":
             directory = os.path.join(study_dir, "shared", f"seed{seed}", spec["name"])
+        elif share == "seeds":
+            directory = os.path.join(study_dir, _slug(arm["name"]), spec["name"])
+        elif share == "all":
+            directory = os.path.join(study_dir, "shared", spec["name"])
         else:
             directory = os.path.join(base, spec["name"])
         stages.append(chain.Stage(name=spec["name"],

@@ -21,12 +21,12 @@ def rows(corpus, task, split):
         return [line.rstrip("\n").split("\t") for line in f]
 
 
-def test_sentence_rule_and_word_swap_worked_examples():
+def test_sentence_rule_and_word_shuffle_worked_examples():
     document = "Open a file. It returns a file object for the given path name. Ok."
     assert benchmark.sentences(document) == ["It returns a file object for the given path name."]
     import random
 
-    swapped = benchmark.swap_two_words("a b c d e f", random.Random(0))
+    swapped = benchmark.shuffle_words("a b c d e f", random.Random(0))
     assert sorted(swapped.split()) == list("abcdef") and swapped != "a b c d e f"
 
 
@@ -41,7 +41,7 @@ def test_files_have_the_documented_shapes_and_balanced_labels(corpus):
                 labels = [r[-1] for r in found]
                 assert set(labels) == set(benchmark.LABELS[task])
                 assert 0.35 < labels.count(labels[0]) / len(labels) < 0.65
-    assert stats["same_document_train"]["examples"] <= 1000 < stats["next_train"]["examples"]
+    assert stats["next_in_document_train"]["examples"] <= 1000 < stats["next_train"]["examples"]
     scores = [float(r[-1]) for r in rows(corpus, "similarity", "train")]
     assert min(scores) == 0.0 and max(scores) == 5.0
     for sentence, copy, score in rows(corpus, "similarity", "train")[:50]:
@@ -49,16 +49,22 @@ def test_files_have_the_documented_shapes_and_balanced_labels(corpus):
         # The score is 5 x the share of positions kept, rounded to 0.2 (a replacement may
         # happen to repeat the word it replaces).
         assert kept / len(sentence.split()) * 5 >= float(score) - 0.1 - 1e-6
-    # Pairs of `next` labelled next are adjacent sentences of one document.
-    documents = open(corpus.corpus_path("train"), encoding="utf-8").read()
-    for first, second, label in rows(corpus, "next", "train")[:50]:
-        if label == "next":
-            assert f"{first} {second}" in documents
+    # `next` and `next_in_document` join a sentence's beginning to its own ending (`next`) or
+    # to the ending of a sentence of another document / of the same document (`other`).
+    documents = [line for line in open(corpus.corpus_path("train"), encoding="utf-8")]
+    for task in ("next", "next_in_document"):
+        for first, second, label in rows(corpus, task, "train")[:60]:
+            assert len(first.split()) >= 3 and len(second.split()) >= 3
+            with_first = [d for d in documents if first in d]
+            joined = any(f"{first} {second}" in d for d in with_first)
+            assert joined == (label == "next")
+            if label == "other":
+                assert any(second in d for d in with_first) == (task == "next_in_document")
 
 
 @pytest.mark.parametrize("task, prefix", [("builtin_order", "order sentence: "),
                                           ("builtin_next", "next sentence1: "),
-                                          ("builtin_same_document", "same_document sentence1: "),
+                                          ("builtin_next_in_document", "next_in_document sentence1: "),
                                           ("builtin_similarity", "similarity sentence1: ")])
 def test_tasks_format_text_to_text_examples(corpus, task, prefix):
     provider = seqio.get_mixture_or_task(task)

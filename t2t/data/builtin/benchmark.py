@@ -8,16 +8,18 @@ corpus split, so no validation sentence was seen in pretraining's training split
 
 | task | shape (GLUE analogue) | example | label |
 |---|---|---|---|
-| `order` | one sentence, acceptability (CoLA) | a sentence, or the same with two words swapped | `acceptable` / `unacceptable` |
-| `next` | sentence pair, large (MNLI) | sentence A, then the sentence after it or one from another document | `next` / `other` |
-| `same_document` | sentence pair, small (RTE), <= 1k training examples | two sentences of one document (not adjacent), or of two documents | `same` / `different` |
+| `order` | one sentence, acceptability (CoLA) | a sentence, or the same words in a random order | `acceptable` / `unacceptable` |
+| `next` | sentence pair, large (MNLI) | a sentence's first words, then its own last words or the last words of a sentence of another document | `next` / `other` |
+| `next_in_document` | sentence pair, small (RTE), <= 1k training examples | the same, the other sentence taken from the same document | `next` / `other` |
 | `similarity` | sentence pair, regression (STS-B) | a sentence and a copy with some words replaced by words of other sentences | 5 x the share of words kept, to 0.2 |
 
-`next` and `same_document` are the pair for intermediate training: both ask whether two
-sentences belong together, `next` with 7,000+ training examples, `same_document` with 800.
-Pretraining should help every task: word order (`order`), topical and discourse coherence
-(`next`, `same_document`) and which words fit a context (`similarity`) are what a denoising
-objective on this prose learns, while the labeled sets are small.
+`next` and `next_in_document` are the pair for intermediate training: one decision (does this
+ending continue this beginning?), `next` with 8,000 training examples, where a change of topic
+also gives the answer away, and `next_in_document` with 800, where only grammar and sense do.
+Each sentence is cut at a random word boundary, three or more words on each side. Pretraining
+should help every task: word order (`order`), how a sentence goes on (`next`,
+`next_in_document`) and which words fit a context (`similarity`) are what a denoising objective
+on this prose learns, while the labeled sets are small.
 """
 
 from __future__ import annotations
@@ -29,23 +31,23 @@ import re
 import shutil
 import tempfile
 
-TASKS = ("order", "next", "same_document", "similarity")
+TASKS = ("order", "next", "next_in_document", "similarity")
 SPLITS = ("train", "validation")
 # Examples per split (the corpus gives a few more; the first ones in a fixed shuffle are kept).
 SIZES = {
     "order": {"train": 6000, "validation": 600},
     "next": {"train": 8000, "validation": 600},
-    "same_document": {"train": 800, "validation": 400},
+    "next_in_document": {"train": 800, "validation": 400},
     "similarity": {"train": 6000, "validation": 600},
 }
 FIELDS = {"order": ("sentence",), "next": ("sentence1", "sentence2"),
-          "same_document": ("sentence1", "sentence2"),
+          "next_in_document": ("sentence1", "sentence2"),
           "similarity": ("sentence1", "sentence2")}
 LABELS = {"order": ("acceptable", "unacceptable"), "next": ("next", "other"),
-          "same_document": ("same", "different")}
+          "next_in_document": ("next", "other")}
 MIN_WORDS, MAX_WORDS = 6, 40
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-VERSION = "v2"
+VERSION = "v4"
 
 
 def split_sentences(document: str) -> list[str]:
@@ -66,19 +68,18 @@ def sentences(document: str) -> list[str]:
     return [s for s in split_sentences(document) if usable(s)]
 
 
-def swap_two_words(sentence: str, rng: random.Random) -> str:
-    """The sentence with two distinct words at different positions exchanged."""
+def shuffle_words(sentence: str, rng: random.Random) -> str:
+    """The sentence's words in a random order different from the original (if there is one)."""
     words = sentence.split()
     for _ in range(20):
-        i, j = sorted(rng.sample(range(len(words)), 2))
-        if words[i] != words[j]:
-            words[i], words[j] = words[j], words[i]
-            return " ".join(words)
+        shuffled = rng.sample(words, len(words))
+        if shuffled != words:
+            return " ".join(shuffled)
     return sentence
 
 
 def _documents(path: str) -> list[list[str]]:
-    """Every document's sentences (all of them: `next` needs true neighbours)."""
+    """Every document's sentences, in order."""
     with open(path, encoding="utf-8") as f:
         return [s for s in (split_sentences(line) for line in f) if s]
 
@@ -89,45 +90,52 @@ def _order(docs, rng) -> list[tuple[str, ...]]:
         if rng.random() < 0.5:
             rows.append((sentence, "acceptable"))
         else:
-            swapped = swap_two_words(sentence, rng)
-            rows.append((swapped, "unacceptable" if swapped != sentence else "acceptable"))
+            shuffled = shuffle_words(sentence, rng)
+            rows.append((shuffled, "unacceptable" if shuffled != sentence else "acceptable"))
     return rows
 
 
-def _pairs_of_documents(docs, rng, positive) -> list[tuple[str, ...]]:
-    """(first, second, label): a positive pair from `positive(doc)` or a pair across
-    documents, half each."""
-    rows = []
-    multi = [d for d in docs if sum(map(usable, d)) > 1]
-    for index, doc in enumerate(multi):
-        pairs = positive(doc)
-        for first, second in pairs:
-            if rng.random() < 0.5:
-                rows.append((first, second, True))
-            else:
-                other = multi[(index + rng.randrange(1, len(multi))) % len(multi)]
-                rows.append((first, rng.choice([s for s in other if usable(s)]), False))
-    return rows
+def split_at_word(sentence: str, rng: random.Random) -> tuple[str, str]:
+    """The sentence cut at a word boundary, with three or more words on each side."""
+    words = sentence.split()
+    cut = rng.randrange(3, len(words) - 2)
+    return " ".join(words[:cut]), " ".join(words[cut:])
 
 
 def _next(docs, rng):
-    def adjacent(doc):  # neighbours in the text, both usable
-        return [(a, b) for a, b in zip(doc, doc[1:]) if usable(a) and usable(b)]
+    """(beginning, ending, label): a sentence's beginning, then its own ending (`next`) or the
+    ending of a sentence of another document (`other`), half each."""
+    multi = [[s for s in d if usable(s)] for d in docs]
+    multi = [d for d in multi if d]
+    rows = []
+    for index, doc in enumerate(multi):
+        for sentence in doc:
+            beginning, ending = split_at_word(sentence, rng)
+            if rng.random() < 0.5:
+                rows.append((beginning, ending, "next"))
+            else:
+                other = multi[(index + rng.randrange(1, len(multi))) % len(multi)]
+                rows.append((beginning, split_at_word(rng.choice(other), rng)[1], "other"))
+    return rows
 
-    return [(a, b, "next" if yes else "other")
-            for a, b, yes in _pairs_of_documents(docs, rng, adjacent)]
 
-
-def _same_document(docs, rng):
-    def apart(doc):  # one pair per document, two or more usable sentences apart
+def _next_in_document(docs, rng):
+    """(beginning, ending, label): a sentence's beginning, then its own ending (`next`) or the
+    ending of another sentence of the same document (`other`), half each: `next`'s decision
+    without the change of topic to go by."""
+    rows = []
+    for doc in docs:
         doc = [s for s in doc if usable(s)]
-        if len(doc) < 3:
-            return []
-        i = rng.randrange(len(doc) - 2)
-        return [(doc[i], doc[rng.randrange(i + 2, len(doc))])]
-
-    return [(a, b, "same" if yes else "different")
-            for a, b, yes in _pairs_of_documents(docs, rng, apart)]
+        if len(doc) < 2:
+            continue
+        for index, sentence in enumerate(doc):
+            beginning, ending = split_at_word(sentence, rng)
+            if rng.random() < 0.5:
+                rows.append((beginning, ending, "next"))
+            else:
+                other = doc[(index + rng.randrange(1, len(doc))) % len(doc)]
+                rows.append((beginning, split_at_word(other, rng)[1], "other"))
+    return rows
 
 
 def _similarity(docs, rng):
@@ -143,7 +151,7 @@ def _similarity(docs, rng):
     return rows
 
 
-_BUILDERS = {"order": _order, "next": _next, "same_document": _same_document,
+_BUILDERS = {"order": _order, "next": _next, "next_in_document": _next_in_document,
              "similarity": _similarity}
 
 

@@ -9,7 +9,7 @@ Importing this module builds the corpus and its vocabulary into the cache on fir
   - `builtin_package`: a docstring -> the top-level standard-library package it belongs to
     (accuracy), the offline stand-in for a GLUE-style classification task;
   - the GLUE-shaped benchmark (`t2t.data.builtin.benchmark`): `builtin_order` (acceptability),
-    `builtin_next` (a large sentence-pair task), `builtin_same_document` (a small related one,
+    `builtin_next` (a large sentence-pair task), `builtin_next_in_document` (a small related one,
     800 training examples), `builtin_similarity` (regression, Pearson/Spearman), and the
     mixture `builtin_glue` of those with `builtin_package` and `builtin_summarize`; and that
     suite with span corruption under the paper's mixing strategies, `builtin_glue_mt_equal`,
@@ -39,11 +39,11 @@ SUPERVISED_TASKS = ("builtin_summarize", "builtin_package")
 BENCHMARK_TASKS = {
     "builtin_order": ("order", [metrics.accuracy, metrics.matthews_corrcoef]),
     "builtin_next": ("next", [metrics.accuracy]),
-    "builtin_same_document": ("same_document", [metrics.accuracy]),
+    "builtin_next_in_document": ("next_in_document", [metrics.accuracy]),
     "builtin_similarity": ("similarity", [metrics.pearson_and_spearman]),
 }
 # The suite `builtin_glue` averages (GLUE's way: each task's metrics first, then the tasks).
-SUITE = ("builtin_order", "builtin_next", "builtin_same_document", "builtin_similarity",
+SUITE = ("builtin_order", "builtin_next", "builtin_next_in_document", "builtin_similarity",
          "builtin_package", "builtin_summarize")
 # Multi-task mixtures of span corruption and the suite, for the paper's mixing comparisons
 # (Table 11) at this corpus's scale: the tasks have 800-8,000 training examples (span
