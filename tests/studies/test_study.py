@@ -166,3 +166,31 @@ def test_every_study_file_parses_and_builds_its_stages(path):
         for arm, row in spec.get("rows", {}).items():
             assert arm in {a["name"] for a in arms}
             assert paper.value(spec["table"], row, spec.get("column", "GLUE")) is not None
+
+
+def test_shared_stages_train_once_where_their_share_says():
+    """`share`: per seed for the arm (none), per seed for all arms ("study"), once for the arm
+    ("seeds") or once for the study ("all"), the last two with seed 0 whatever the restart."""
+    def arm(name, share):
+        pretrain = {"name": "pretrain", "gin_files": ["p.gin"], "bindings": ["A = '{seed}'"]}
+        if share:
+            pretrain["share"] = share
+        return {"name": name, "stages": [pretrain, {"name": "finetune", "gin_files": ["f.gin"]}]}
+
+    def pretrain_of(share, arm_name, seed):
+        stage = runner.expand(arm(arm_name, share), "t", seed, "/s", (), None)[0]
+        return stage.directory, list(stage.bindings)
+
+    assert pretrain_of(None, "x", 2) == ("/s/x/seed2/pretrain",
+                                         ["A = '2'", "t2t.runs.train.seed = 2"])
+    assert pretrain_of("study", "x", 2)[0] == pretrain_of("study", "y", 2)[0] == \
+        "/s/shared/seed2/pretrain"
+    assert pretrain_of("seeds", "x", 2) == pretrain_of("seeds", "x", 1) == (
+        "/s/x/pretrain", ["A = '0'", "t2t.runs.train.seed = 0"])
+    assert pretrain_of("all", "x", 2) == pretrain_of("all", "y", 1) == (
+        "/s/shared/pretrain", ["A = '0'", "t2t.runs.train.seed = 0"])
+    finetune = runner.expand(arm("x", "all"), "t", 2, "/s", (), None)[1]
+    assert finetune.directory == "/s/x/seed2/t/finetune"
+    assert "t2t.runs.train.seed = 2" in finetune.bindings
+    with pytest.raises(ValueError, match="share 'sometimes'"):
+        pretrain_of("sometimes", "x", 0)
