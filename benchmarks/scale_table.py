@@ -266,6 +266,7 @@ def markdown(results: Results, presets, batches, generations) -> str:
                 elif chosen == "none":
                     cells.append("no slice of <= 256 chips")
                 else:
+                    chosen, shown = chosen
                     mesh = chosen["mesh"]
                     micro = chosen["num_microbatches"]
                     cells.append(
@@ -275,25 +276,33 @@ def markdown(results: Results, presets, batches, generations) -> str:
                         + f", {chosen['memory_fraction']:.0%}"
                         + (f", MFU <= {chosen['roofline']['mfu']:.0%}" if chosen.get("roofline")
                            else "")
-                        + f", {chosen['compile_seconds']:.0f} s")
+                        + f", {chosen['compile_seconds']:.0f} s"
+                        + ("" if shown else " (smaller slices not tried)"))
             lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _chosen(results: Results, preset: str, batch: int, generation: str):
-    fitting = [r for r in results.records.values()
+    """The cell's compile: None when nothing was searched, "none" when no slice fits, else
+    (record, smallest) where `smallest` says the next smaller slice was shown not to fit (or
+    there is none), so the record is the search's answer and not only a slice that fits."""
+    records = [r for r in results.records.values()
                if (r["preset"], r["batch"]) == (preset, batch) and r["scan_layers"]
-               and r["topology"] in SLICES[generation] and usable(r)]
-    tried = [r for r in results.records.values()
-             if (r["preset"], r["batch"]) == (preset, batch) and r["topology"] in SLICES[generation]]
-    if not tried:
+               and r["topology"] in SLICES[generation]]
+    fitting = [r for r in records if usable(r)]
+    if not records:
         return None
     if not fitting:
-        return "none"
+        return "none" if len({r["topology"] for r in records}) > 1 else None
     smallest = min(r["chips"] for r in fitting)
     order = {"none": 0, "dots_with_no_batch_dims": 1, "dots": 2, "full": 3}
     at_smallest = [r for r in fitting if r["chips"] == smallest]
-    return min(at_smallest, key=lambda r: (r["num_microbatches"], order[r["remat_policy"]]))
+    chosen = min(at_smallest, key=lambda r: (r["num_microbatches"], order[r["remat_policy"]]))
+    index = SLICES[generation].index(chosen["topology"])
+    below = [r for r in records if index and r["topology"] == SLICES[generation][index - 1]
+             and (r["sharding_mode"], r["remat_policy"]) == ("fsdp", "full")]
+    shown = index == 0 or {r["num_microbatches"] for r in below} >= set(MICROBATCHES)
+    return chosen, shown
 
 
 def main(argv=None) -> int:

@@ -379,6 +379,8 @@ def _study(subparsers) -> None:
     parser.add_argument("--study_dir", help="where runs and results go (default: the file's "
                         "STUDY_DIR)")
     parser.add_argument("--seeds", type=_ints, help="restarts, e.g. 0,1,2 (default: the file's)")
+    parser.add_argument("--arms", type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
+                        help="only these arms, comma-separated names (default: all the file's)")
     parser.add_argument("--print_commands", action="store_true",
                         help="print every run's t2t train commands; train nothing")
     parser.add_argument("--aggregate_only", action="store_true",
@@ -402,6 +404,8 @@ def _study(subparsers) -> None:
             overrides["study_dir"] = args.study_dir
         if args.seeds:
             overrides["seeds"] = args.seeds
+        if args.arms:
+            overrides["only_arms"] = args.arms
         if args.stage_gin:
             import gin
 

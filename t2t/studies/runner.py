@@ -164,6 +164,7 @@ def run(
     print_commands: bool = False,
     aggregate_only: bool = False,
     search_paths: Sequence[str] = (),
+    only_arms: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """Runs the grid (or prints it), then aggregates; see the module docstring.
 
@@ -182,10 +183,18 @@ def run(
       print_commands: print the runs' commands, train nothing, return None.
       aggregate_only: train nothing; aggregate the runs that have scores.
       search_paths: extra gin search paths.
+      only_arms: run and aggregate only these arms (names), in the file's order; the baseline
+        arm is the first of them unless `baseline_arm` names another.
 
     Returns:
       The aggregation written to study.json.
     """
+    if only_arms:
+        unknown = sorted(set(only_arms) - {a["name"] for a in arms})
+        if unknown:
+            raise ValueError(f"No arms {unknown} in the study; it has "
+                             f"{[a['name'] for a in arms]}.")
+        arms = [a for a in arms if a["name"] in set(only_arms)]
     arm_names = [a["name"] for a in arms]
     if len(set(arm_names)) != len(arm_names) or not arm_names:
         raise ValueError(f"A study needs arms with distinct names, got {arm_names}.")

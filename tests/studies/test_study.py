@@ -194,3 +194,13 @@ def test_shared_stages_train_once_where_their_share_says():
     assert "t2t.runs.train.seed = 2" in finetune.bindings
     with pytest.raises(ValueError, match="share 'sometimes'"):
         pretrain_of("sometimes", "x", 0)
+
+
+def test_arms_selects_a_subset_of_the_study(micro, tmp_path, capsys):
+    argv = ["study", f"--gin_file={micro}", f"--study_dir={tmp_path / 's'}", "--seeds=0"]
+    assert cli.main([*argv, "--arms=no pre-training", "--print_commands"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t ")]
+    assert len(commands) == 1 and "no_pre-training" in commands[0]
+    with pytest.raises(ValueError, match=r"No arms \['typo'\]"):
+        runs.configure([micro], [])
+        runner.run(study_dir=str(tmp_path / "s"), only_arms=["typo"], print_commands=True)
