@@ -82,6 +82,7 @@ def aggregate(scores: Mapping[Key, float | None], *, baselines: Mapping[str, flo
         complete = [s for s in seeds if all((arm, t, s) in done for t in tasks)]
         per_seed[arm] = {s: float(np.mean([done[(arm, t, s)] for t in tasks])) for s in complete}
         entry["suite"] = spread(list(per_seed[arm].values()))
+        entry["suite_by_seed"] = {str(s): v for s, v in per_seed[arm].items()}
         result["arms"][arm] = entry
     for arm in arms:
         entry = result["arms"][arm]

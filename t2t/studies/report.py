@@ -10,6 +10,9 @@ from typing import Any
 
 from t2t.studies import aggregate, paper as paper_data
 
+# A reproduced ordering counts as significant below this p-value.
+SIGNIFICANCE = 0.05
+
 
 def paper_comparison(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
     """The paper's numbers for the study's arms and which pairwise orderings reproduced.
@@ -25,19 +28,34 @@ def paper_comparison(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict
         values = {arm: float(len(order) - i) for i, arm in enumerate(order)}
         ours = {arm: entry["suite"]["mean"] for arm, entry in result["arms"].items()
                 if entry["suite"]["mean"] is not None}
-        pairs = aggregate.compare_orderings(ours, values)
+        pairs = _with_p_values(result, aggregate.compare_orderings(ours, values))
         return {"table": None, "column": "ordering", "rows": {a: a for a in order},
-                "values": values, "pairs": pairs, "reproduced": sum(p["reproduced"] for p in pairs),
-                "compared": len(pairs), "citation": spec["citation"]}
+                "values": values, "pairs": pairs, **_counts(pairs),
+                "citation": spec["citation"]}
     table, column = str(spec["table"]), spec.get("column", "GLUE")
     values = {arm: paper_data.value(table, row, column) for arm, row in spec["rows"].items()}
     values = {arm: v for arm, v in values.items() if v is not None}
     ours = {arm: entry["suite"]["mean"] for arm, entry in result["arms"].items()
             if entry["suite"]["mean"] is not None}
-    pairs = aggregate.compare_orderings(ours, values)
+    pairs = _with_p_values(result, aggregate.compare_orderings(ours, values))
     return {"table": table, "column": column, "rows": dict(spec["rows"]), "values": values,
-            "pairs": pairs, "reproduced": sum(p["reproduced"] for p in pairs),
-            "compared": len(pairs), "citation": paper_data.CITATION}
+            "pairs": pairs, **_counts(pairs), "citation": paper_data.CITATION}
+
+
+def _with_p_values(result: Mapping[str, Any], pairs: list[dict[str, Any]]) -> list[dict]:
+    """Each pair with Welch's p-value of its two arms' per-seed suite averages: an ordering
+    reproduced by a difference the restarts cannot tell from noise is not evidence."""
+    for pair in pairs:
+        a, b = (list(result["arms"][arm].get("suite_by_seed", {}).values())
+                for arm in pair["pair"])
+        pair["p_value"] = aggregate.welch_p_value(a, b)
+    return pairs
+
+
+def _counts(pairs: list[dict[str, Any]]) -> dict[str, int]:
+    return {"reproduced": sum(p["reproduced"] for p in pairs), "compared": len(pairs),
+            "significant": sum(p["reproduced"] and p["p_value"] is not None
+                               and p["p_value"] < SIGNIFICANCE for p in pairs)}
 
 
 def _cell(stats: Mapping[str, Any]) -> str:
@@ -81,11 +99,14 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines += [
             heading, "",
             f"Pairwise orderings reproduced: {comparison['reproduced']} of "
-            f"{comparison['compared']}.", "", "| pair | paper | here | reproduced |",
-            "|---|---|---|---|"]
+            f"{comparison['compared']}, {comparison.get('significant', 0)} of them with "
+            f"p < {SIGNIFICANCE} (Welch's t-test of the two arms' per-seed suite averages).", "",
+            "| pair | paper | here | p | reproduced |", "|---|---|---|---|---|"]
         for pair in comparison["pairs"]:
+            p = pair.get("p_value")
             lines.append(f"| {pair['pair'][0]} vs {pair['pair'][1]} | {pair['paper']} | "
-                         f"{pair['ours']} | {'yes' if pair['reproduced'] else 'no'} |")
+                         f"{pair['ours']} | {'-' if p is None else f'{p:.3g}'} | "
+                         f"{'yes' if pair['reproduced'] else 'no'} |")
         lines += ["", f"Paper: {comparison['citation']}"]
     if result["missing"]:
         lines += ["", f"Runs without a result: {len(result['missing'])}."]

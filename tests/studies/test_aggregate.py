@@ -71,4 +71,9 @@ def test_paper_comparison_reads_the_papers_numbers(result):
     table = report.markdown({**result, "ordering": ["base", "new"], "paper": comparison,
                              "seeds": [0, 1, 2]})
     assert "| base | 82.0 ± 2.0 | 60.0 ± 2.0 | 71.0 ± 1.0 |" in table
-    assert "Pairwise orderings reproduced: 1 of 1." in table
+    # Per-seed suite averages: base (70, 72, 71), new (60, 56, 61.5).
+    want = scipy.stats.ttest_ind([70, 72, 71], [60, 56, 61.5], equal_var=False).pvalue
+    assert comparison["pairs"][0]["p_value"] == pytest.approx(want)
+    assert want < 0.05 and comparison["significant"] == 1
+    assert ("Pairwise orderings reproduced: 1 of 1, 1 of them with p < 0.05" in table)
+    assert f"| base vs new | base | base | {want:.3g} | yes |" in table
