@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import time
+import tokenize
 
 
 def _vocab(subparsers) -> None:
@@ -119,6 +120,10 @@ def _configure(args, *, finalize: bool = True) -> None:
     paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
     try:
         runs.configure(args.gin_file, args.gin_bindings, paths, finalize=finalize)
+    except tokenize.TokenError as error:  # e.g. a bracket never closed: gin reads to the end
+        raise ValueError(
+            f"gin could not parse {_unbalanced(args.gin_file, args.gin_bindings, paths)}: "
+            f"{error.args[0]} (a bracket or quote opened and never closed).") from None
     except SyntaxError as error:  # gin could not parse a file or a --gin.NAME=VALUE binding
         where = f"{error.filename}, line {error.lineno}" if error.filename else "a binding"
         # gin's message ends with its own reason ("Failed to parse token 'runs'"); the lines
@@ -130,6 +135,35 @@ def _configure(args, *, finalize: bool = True) -> None:
             f"gin could not parse {where}: {(error.text or '').strip()!r} ({reason.rstrip('.')}). "
             f"Values are Python literals, %MACROS or @references: {quote}."
         ) from error
+
+
+def _unbalanced(gin_files: list[str], bindings: list[str], search_paths: list[str]) -> str:
+    """Which gin file (or binding) has a bracket or string left open."""
+    import io
+
+    from t2t import runs
+
+    def opens_unclosed(text: str) -> bool:
+        try:
+            list(tokenize.generate_tokens(io.StringIO(text).readline))
+        except tokenize.TokenError:
+            return True
+        except SyntaxError:
+            return False
+        return False
+
+    for binding in bindings:
+        if opens_unclosed(binding):
+            return f"the binding --gin.{binding.replace(' = ', '=', 1)}"
+    for name in gin_files:
+        for root in ["", *search_paths, *runs.default_search_paths()]:
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                with open(path) as f:
+                    if opens_unclosed(f.read()):
+                        return path
+                break
+    return "a gin file included by " + ", ".join(gin_files)
 
 
 def _ints(text: str) -> list[int]:
@@ -279,9 +313,11 @@ def _export(subparsers) -> None:
     parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
     parser.add_argument("--eval_results", help="results JSON of `t2t eval` for the model card "
                         "(default <model_dir>/eval/results.json if present)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output_dir, replacing same-named files")
     _add_gin_flags(parser)
     parser.set_defaults(handler=_run_handler("export", (
-        "model_dir", "output_dir", "step", "vocabulary_file", "eval_results")))
+        "model_dir", "output_dir", "step", "vocabulary_file", "eval_results", "overwrite")))
 
 
 def _average(subparsers) -> None:
@@ -487,8 +523,41 @@ def _compile(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
+def _check(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "check", help="verify every checkpoint of a model directory against its checksums",
+        description="Read every array and data-iterator file of every checkpoint of a model "
+        "directory and compare them with the checksums saved with them. Prints one line per "
+        "checkpoint; exits 1 when any is damaged (damaged checkpoints are skipped by train, "
+        "eval, infer and export, which use the newest intact one).",
+    )
+    parser.add_argument("model_dir", help="the run's model directory")
+
+    def handler(args) -> int:
+        from t2t.checkpoints import model_dir as model_dir_lib
+
+        directory = model_dir_lib.ModelDir(args.model_dir)
+        if not directory.steps():
+            raise ValueError(f"{args.model_dir} holds no checkpoint to check.")
+
+        def report(step: int, status: str, problems: list[str]) -> None:
+            note = {"ok": "", "unverified": " (saved without checksums: read back without "
+                    "error, values not verified)"}.get(status, "")
+            print(f"step {step}: {status}{note}", flush=True)
+            for problem in problems:
+                print(f"    {problem}", flush=True)
+
+        results = directory.check(report)
+        damaged = [step for step, (status, _) in results.items() if status == "damaged"]
+        print(f"{len(results)} checkpoints, {len(damaged)} damaged"
+              + (f" (steps {', '.join(map(str, damaged))})" if damaged else ""))
+        return 1 if damaged else 0
+
+    parser.set_defaults(handler=handler)
+
+
 SUBCOMMANDS = [_vocab, _cache, _train, _chain, _study, _eval, _infer, _export, _average,
-               _compile]
+               _compile, _check]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -530,6 +599,13 @@ def error_message(error: BaseException) -> str:
     return _GIN_CALL_NOTE.sub("", str(error))
 
 
+def _preempted() -> tuple[type[BaseException], ...]:
+    """`t2t.trainer.loop.Preempted` once the trainer is loaded (`except` evaluates this when
+    an exception arrives), so commands that never train do not import it."""
+    loop = sys.modules.get("t2t.trainer.loop")
+    return (loop.Preempted,) if loop is not None else ()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -541,6 +617,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         code = args.handler(args)
+    except _preempted() as stopped:  # SIGTERM / SIGINT: a checkpoint was saved, a clean stop
+        print(f"t2t {args.command}: {error_message(stopped)}", file=sys.stderr)
+        return sys.modules["t2t.trainer.loop"].PREEMPTED_EXIT_CODE
+    except KeyboardInterrupt:  # a second Ctrl-C
+        print(f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
+              "reported saved.", file=sys.stderr)
+        return 130
     except (ValueError, OSError) as error:  # bad input: a message, not a traceback
         print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
         return 2

@@ -381,10 +381,12 @@ def evaluate_model_dir(
     from t2t.checkpoints import model_dir as model_dir_lib
 
     directory = model_dir_lib.ModelDir(model_dir)
+    newest = None
     if steps == "all":
         chosen = directory.steps()
     elif steps is None:
-        chosen = [directory.resolve_step(None)]
+        newest = directory.load(None, partitioner=partitioner)  # the newest intact checkpoint
+        chosen = [newest.step]
     else:
         chosen = [directory.resolve_step(int(s)) for s in steps]
     if not chosen:
@@ -398,7 +400,10 @@ def evaluate_model_dir(
         if directory.config(step) != config:
             raise ValueError(f"Checkpoint {step} of {model_dir} has a different network config "
                              f"from checkpoint {chosen[-1]}; evaluate them separately.")
-        params, _ = directory.restore_params(step, config=config, partitioner=partitioner)
+        if newest is not None:
+            params, newest = newest.params, None
+        else:
+            params, _ = directory.restore_params(step, config=config, partitioner=partitioner)
         evaluator(params, step)
         del params
     best = evaluator.best()

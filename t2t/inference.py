@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -259,12 +260,18 @@ def read_examples(path: str, file_format: str | None = None) -> list[dict[str, s
         raise ValueError(f"file_format must be one of {INPUT_FORMATS}, got {file_format!r}.")
     examples = []
     with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            parse = _parse_jsonl_line if file_format == "jsonl" else _parse_tsv_line
-            examples.append(parse(line, f"{path}:{number}"))
+        number = 0
+        try:
+            for number, line in enumerate(f, start=1):
+                line = line.rstrip("\n")
+                if not line.strip():
+                    continue
+                parse = _parse_jsonl_line if file_format == "jsonl" else _parse_tsv_line
+                examples.append(parse(line, f"{path}:{number}"))
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path}:{number + 1} is not UTF-8 text ({error.reason}); --input_file takes "
+                "UTF-8 JSONL or TSV.") from None
     if not examples:
         raise ValueError(f"{path} holds no examples.")
     return examples
@@ -303,6 +310,9 @@ def _parse_tsv_line(line: str, where: str) -> dict[str, str]:
         raise ValueError(f"{where}: expected 'inputs' or 'inputs<TAB>targets', got {len(columns)} "
                          "tab-separated columns.")
     return dict(zip(("inputs", "targets"), columns))
+
+
+DEFAULT_INPUTS_LENGTH = 512  # tokens, when neither the flags nor the checkpoint give lengths
 
 
 def encode_examples(
@@ -546,7 +556,9 @@ def infer(
       split: the task split.
       vocabulary_file: a SentencePiece model to use instead of the checkpoint's (files only;
         tasks carry their own vocabulary).
-      inputs_length, targets_length: feature lengths (default: the longest example).
+      inputs_length, targets_length: feature lengths (default: the lengths the checkpoint
+        trained with, else 512 for files; a task's longest example); longer texts are cut
+        and counted.
       num_examples: at most this many examples (per task).
       partitioner: a `t2t.partitioning.Partitioner` to run sharded.
       **predictor_options: `Predictor` options (batch_size, method, beam_size, alpha,
@@ -577,13 +589,38 @@ def infer(
     vocabulary = (vocab.load_vocabulary(vocabulary_file) if vocabulary_file
                   else _checkpoint_vocabulary(loaded, model_dir, checkpoints))
     examples = read_examples(input_file)[:num_examples]
+    # Without lengths, cut to what the model trained on: one 100k-character line must not ask
+    # for an unbounded batch.
+    trained = loaded.metadata.get("task_feature_lengths") or {}
+    inputs_length = inputs_length or int(trained.get("inputs") or DEFAULT_INPUTS_LENGTH)
+    if mode == "score":
+        targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
+    cut = _count_longer(examples, vocabulary, inputs_length,
+                        targets_length if mode == "score" else None)
     if mode == "predict":
         records = predict_examples(predictor, params, vocabulary, examples,
                                    inputs_length=inputs_length)
     else:
         records = score_examples(predictor, params, vocabulary, examples,
                                  inputs_length=inputs_length, targets_length=targets_length)
+    if cut:
+        print(f"note: {cut} of {len(examples)} examples' texts were longer "
+              f"than the feature lengths (inputs {inputs_length}"
+              + (f", targets {targets_length}" if mode == "score" else "")
+              + " tokens, EOS included) and were cut; set --inputs_length/--targets_length "
+              "to change them.", file=sys.stderr, flush=True)
     return write_jsonl(output_file, records)
+
+
+def _count_longer(examples: Sequence[Mapping[str, str]], vocabulary: seqio.Vocabulary,
+                  inputs_length: int, targets_length: int | None) -> int:
+    """How many examples have a text longer than its length (EOS included), to be cut."""
+    def longer(text: str | None, length: int | None) -> bool:
+        return length is not None and text is not None and \
+            len(vocabulary.encode(text)) > length - 1
+
+    return sum(longer(e["inputs"], inputs_length) or longer(e.get("targets"), targets_length)
+               for e in examples)
 
 
 def _checkpoint_vocabulary(loaded, model_dir, checkpoints) -> seqio.Vocabulary:

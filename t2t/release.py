@@ -41,16 +41,21 @@ def export(
     step: int | None = None,
     vocabulary_file: str | None = None,
     eval_results: str | None = None,
+    overwrite: bool = False,
 ) -> str:
     """Writes the release directory of one checkpoint (see the module docstring for its files).
 
+    Every file gets the same permissions (0666 less the umask, as `open` gives).
+
     Args:
       model_dir: the run's model directory.
-      output_dir: the release directory (created; existing files of the same names replaced).
+      output_dir: the release directory: new or empty (or, with `overwrite`, any directory
+        outside the model directory; files of the same names are replaced).
       step: the checkpoint (default: the latest).
       vocabulary_file: the SentencePiece model (default: the one in the checkpoint metadata).
       eval_results: a `t2t eval` results JSON for the model card (default:
         `<model_dir>/eval/results.json` when it exists).
+      overwrite: allow a non-empty `output_dir`.
 
     Returns:
       `output_dir`.
@@ -58,9 +63,12 @@ def export(
     Raises:
       ValueError: an architecture HF T5 cannot hold, or a vocabulary larger than the embedding.
     """
+    _check_output_dir(model_dir, output_dir, overwrite)
     directory = model_dir_lib.ModelDir(model_dir)
-    step = directory.resolve_step(step)
-    config = directory.config(step)
+    if step is not None:
+        _check_architecture(directory.config(directory.resolve_step(step)))
+    loaded = directory.load(step)  # the newest intact checkpoint when step is None
+    step, config = loaded.step, loaded.model.config
     _check_architecture(config)
     if vocabulary_file is None:
         vocabulary_file, extra_ids = directory.vocabulary_file(step)
@@ -73,7 +81,7 @@ def export(
             f"sentinels, more than the model's {config.vocab_size} embedding rows; pass the "
             "vocabulary the model was trained with."
         )
-    params, metadata = directory.restore_params(step, config=config)
+    params, metadata = loaded.params, loaded.metadata
     pure = params.to_pure_dict()
     hf.export_hf(output_dir, config, pure)
     _write_generation_config(output_dir)
@@ -90,7 +98,34 @@ def export(
                       name=os.path.basename(os.path.abspath(output_dir)))
     with open(os.path.join(output_dir, CARD_FILE), "w") as f:
         f.write(card)
+    _uniform_modes(output_dir)
     return output_dir
+
+
+def _check_output_dir(model_dir: str, output_dir: str, overwrite: bool) -> None:
+    """A release never goes into the model directory, nor over files unless told to."""
+    source, target = os.path.realpath(model_dir), os.path.realpath(output_dir)
+    if target == source or target.startswith(source + os.sep):
+        raise ValueError(
+            f"The release directory {output_dir} is inside the model directory {model_dir}; "
+            "give --output_dir outside it (a release is a copy meant to be shared).")
+    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
+        raise FileExistsError(
+            f"The release directory {output_dir} is not empty "
+            f"({', '.join(sorted(os.listdir(output_dir))[:5])}...). Give a new or empty "
+            "--output_dir, or pass --overwrite to replace files of the same names.")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise FileExistsError(f"--output_dir {output_dir} is a file, not a directory.")
+
+
+def _uniform_modes(directory: str) -> None:
+    """Gives every file the mode `open` would (some writers make private 0600 temp files)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o666 & ~umask)
 
 
 def _check_architecture(config: TransformerConfig) -> None:

@@ -191,8 +191,26 @@ def train(
       printed predictions.
     """
     from t2t import partitioning
+    from t2t.checkpoints import lock
 
+    _check_counts(train_steps=train_steps, batch_size=batch_size,
+                  num_microbatches=num_microbatches, log_every=log_every,
+                  checkpoint_every=checkpoint_every, eval_every=eval_every,
+                  eval_steps=eval_steps, keep_checkpoints=keep_checkpoints,
+                  max_train_examples=max_train_examples, num_predictions=num_predictions)
     partitioning.initialize_distributed()
+    with lock.hold(model_dir):  # one writer per model directory; fails fast when held
+        return _train(**{k: v for k, v in locals().items() if k not in ("partitioning", "lock")})
+
+
+def _train(*, model_dir, mixture_or_task, task_feature_lengths, train_steps, model_config,
+           batch_size, model_fn, optimizer, learning_rate, num_microbatches, mesh_shape,
+           sharding_mode, pack, use_cached, max_train_examples, seed, log_every,
+           checkpoint_every, keep_checkpoints, best_metrics, eval_every, eval_tasks, eval_split,
+           eval_steps, evaluators, init_checkpoint, finetuning, early_stopping,
+           reduce_on_plateau, num_predictions, async_checkpoints, progress) -> dict[str, Any]:
+    """`train`'s body, run while holding the model directory's lock."""
+    from t2t import partitioning
     from t2t.checkpoints.manager import BestMetric
     from t2t.data import pipeline, registry
     from t2t.trainer import Trainer, batches, predictions
@@ -210,6 +228,8 @@ def train(
     train_data = pipeline.InputPipeline(train_config)
     metadata = _data_metadata(registry.get_task_or_mixture(mixture_or_task), mixture_or_task,
                               task_feature_lengths)
+    metadata["batch_size"] = batch_size
+    _check_resumable(model_dir, metadata)
     subset = getattr(train_data, "subset", None)
     if subset is not None:
         metadata["train_subset"] = subset
@@ -264,6 +284,34 @@ def train(
     return {**summary, "predictions": shown}
 
 
+# The counts `train` takes: None allowed?, zero allowed?, the macro most gin files bind it by.
+_COUNTS = {
+    "train_steps": (False, False, "TRAIN_STEPS"), "batch_size": (False, False, "BATCH_SIZE"),
+    "num_microbatches": (False, False, None), "log_every": (False, False, None),
+    "checkpoint_every": (False, False, None), "eval_every": (True, False, None),
+    "eval_steps": (True, False, None), "keep_checkpoints": (True, False, None),
+    "max_train_examples": (True, False, None), "num_predictions": (False, True, None),
+}
+
+
+def _check_counts(**values: Any) -> None:
+    """Refuses a count that is not a positive int (e.g. TRAIN_STEPS = 0, or a string) before
+    anything is built, naming the binding and what to give."""
+    for name, value in values.items():
+        none_ok, zero_ok, macro = _COUNTS[name]
+        if value is None and none_ok:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and (
+                value > 0 or (zero_ok and value == 0)):
+            continue
+        binding = f"t2t.runs.train.{name}" + (f" (the gin macro {macro})" if macro else "")
+        wanted = "a non-negative int" if zero_ok else "a positive int"
+        if none_ok:
+            wanted += " or None"
+        raise ValueError(f"{binding} must be {wanted}; got {value!r} "
+                         f"({type(value).__name__}). Example: --gin.{macro or binding}=100")
+
+
 def _resolve_model_config(model_config: TransformerConfig | None,
                           init_checkpoint: str | None) -> TransformerConfig:
     if model_config is not None:
@@ -292,6 +340,35 @@ def _data_metadata(provider, name: str, lengths: Mapping[str, int]) -> dict[str,
     else:
         logging.warning("The vocabulary of %s is not SentencePiece; not recorded.", name)
     return entry
+
+
+def _check_resumable(model_dir: str, metadata: Mapping[str, Any]) -> None:
+    """Refuses to resume a model directory with another data layout than its checkpoints': the
+    saved input-pipeline position only fits the same task, batch size and feature lengths."""
+    from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR, CheckpointManager, \
+        CorruptCheckpointError
+
+    if not os.path.isdir(os.path.join(model_dir, CHECKPOINTS_SUBDIR)):
+        return
+    manager = CheckpointManager(model_dir, read_only=True, async_save=False)
+    saved = None
+    for step in reversed(manager.all_steps()):
+        try:
+            saved = manager.read_metadata(step)
+            break
+        except CorruptCheckpointError:
+            continue  # the restore will report it and fall back
+    if saved is None:
+        return
+    for key, flag in (("mixture_or_task", "MIXTURE_OR_TASK"), ("batch_size", "BATCH_SIZE"),
+                      ("task_feature_lengths", "TASK_FEATURE_LENGTHS")):
+        if key in saved and saved[key] != metadata[key]:
+            raise ValueError(
+                f"The checkpoints in {model_dir} were trained with {key} {saved[key]!r}; this "
+                f"run has {metadata[key]!r}. A run resumes only with the data it was saved "
+                f"with (the input pipeline's position is in the checkpoint): resume with "
+                f"{flag}={saved[key]!r}, or give a new MODEL_DIR with "
+                f"INIT_CHECKPOINT='{model_dir}' to start from its parameters.")
 
 
 def write_run_files(model_dir: str, config: TransformerConfig) -> None:
@@ -565,6 +642,7 @@ def export(
     step: int | None = None,
     vocabulary_file: str | None = None,
     eval_results: str | None = None,
+    overwrite: bool = False,
 ) -> str:
     """Writes a HF-format release directory from a checkpoint (see `t2t.release.export`)."""
     from t2t import release
@@ -573,6 +651,7 @@ def export(
         _require(model_dir, "--model_dir", "export.model_dir"),
         _require(output_dir, "--output_dir", "export.output_dir"),
         step=step, vocabulary_file=vocabulary_file, eval_results=eval_results,
+        overwrite=overwrite,
     )
     print(f"wrote the release directory {path}")
     return path

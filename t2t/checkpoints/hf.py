@@ -285,8 +285,17 @@ def import_hf(directory: str | os.PathLike, **overrides) -> tuple[TransformerCon
     Returns:
       The t2t config and the parameter state for `t2t.nn.build(config)`.
     """
-    with open(_require(directory, CONFIG_FILE)) as f:
-        config = config_from_hf(json.load(f), **overrides)
+    path = _require(directory, CONFIG_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); a HF T5 directory's config.json "
+                         "is written by `save_pretrained` or `t2t export`.") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} holds {type(raw).__name__}, not the JSON object of a HF "
+                         "config.")
+    config = config_from_hf(raw, **overrides)
     return config, params_from_hf(_load_tensors(directory), config)
 
 

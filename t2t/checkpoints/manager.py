@@ -11,6 +11,9 @@ Each checkpoint is a step directory `<model_dir>/checkpoints/<step>/` holding fo
 Orbax writes a step into a temporary directory and renames it into place only when every item is
 complete, so a crash in the middle of a save leaves the earlier checkpoints untouched and the
 half-written one is never mistaken for a checkpoint (it is cleaned up on the next start).
+Every checkpoint carries checksums of its arrays and data-iterator files (`integrity`), checked
+on every restore: a damaged checkpoint raises `CorruptCheckpointError` naming what differs, and
+`restore()` of the latest step falls back to the newest intact one, saying so.
 Retention keeps the last `keep` steps and, for every tracked metric, the best step by that metric.
 Restores take abstract targets carrying shardings, so a checkpoint written on one mesh restores
 straight into the shards of another.
@@ -18,11 +21,15 @@ straight into the shards of another.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -30,9 +37,12 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from t2t.checkpoints import integrity
+from t2t.checkpoints.integrity import CorruptCheckpointError  # noqa: F401 (re-exported)
 from t2t.nn.config import TransformerConfig
 
 CHECKPOINTS_SUBDIR = "checkpoints"
+DAMAGED_SUBDIR = "damaged_checkpoints"  # where a training run moves checkpoints that fail checks
 _ITEMS = ("params", "opt_state", "data_iterator", "metadata")
 
 
@@ -51,10 +61,18 @@ class DataIteratorHandler(ocp.CheckpointHandler):
     """Saves and restores each host's input-pipeline position in its own subdirectory."""
 
     def save(self, directory: epath.Path, args: DataIteratorSave) -> None:
-        args.iterator.save(os.fspath(directory / f"process_{jax.process_index()}"))
+        path = os.fspath(directory / f"process_{jax.process_index()}")
+        args.iterator.save(path)
+        integrity.write_file_digests(path)  # after the files: the digests vouch for them
 
     def restore(self, directory: epath.Path, args: DataIteratorRestore) -> SavableIterator:
         path = directory / f"process_{jax.process_index()}"
+        if path.exists():
+            damaged = integrity.verify_file_digests(os.fspath(path))
+            if damaged:
+                raise _DamagedIterator(
+                    f"data-iterator files of process {jax.process_index()} differ from their "
+                    f"checksums: {', '.join(damaged)}")
         if not path.exists():
             raise ValueError(
                 f"The checkpoint at {directory} holds no data-iterator state for process "
@@ -64,6 +82,10 @@ class DataIteratorHandler(ocp.CheckpointHandler):
             )
         args.iterator.restore(os.fspath(path))
         return args.iterator
+
+
+class _DamagedIterator(ValueError):
+    """Raised inside the data-iterator handler; the manager reports it with the step."""
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
@@ -121,6 +143,7 @@ class Restored:
     params: nnx.State
     opt_state: Any | None
     metadata: dict[str, Any]
+    skipped: list[CorruptCheckpointError] = dataclasses.field(default_factory=list)
 
 
 class CheckpointManager:
@@ -168,11 +191,19 @@ class CheckpointManager:
             # steps are unknown after a restart and the best checkpoints would be deleted.
             best_fn=(lambda metrics: 0.0) if best else None,
         )
-        self._manager = ocp.CheckpointManager(
+        self._options = options
+        self._manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        return ocp.CheckpointManager(
             self.directory,
-            options=options,
+            options=self._options,
             item_names=_ITEMS,
-            item_handlers={"data_iterator": DataIteratorHandler()},
+            # NOTE: the array handlers are named so that `item_metadata` can read the saved
+            # shapes (to refuse another network's checkpoint before reading any array).
+            item_handlers={"data_iterator": DataIteratorHandler(),
+                           "params": ocp.StandardCheckpointHandler(),
+                           "opt_state": ocp.StandardCheckpointHandler()},
         )
 
     # -- queries -------------------------------------------------------------------------------
@@ -182,6 +213,10 @@ class CheckpointManager:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def reload(self) -> None:
+        """Re-reads which steps exist (after another process changed the directory)."""
+        self._manager.reload()
 
     def metrics(self, step: int) -> dict[str, float] | None:
         """The metrics saved with `step`, or None."""
@@ -203,11 +238,17 @@ class CheckpointManager:
         """Saves a checkpoint for `step` (asynchronously for arrays when `async_save`).
 
         The data iterator is saved synchronously, before this returns, so its position is the
-        one after the batches of `step` were consumed.
+        one after the batches of `step` were consumed. The metadata gains `checksums`, the
+        fingerprints of every array saved (`integrity`).
         """
+        pure = nnx.to_pure_dict(params)
+        checksums = {"algorithm": integrity.ALGORITHM, "params": integrity.fingerprints(pure)}
+        if opt_state is not None:
+            checksums["opt_state"] = integrity.fingerprints(opt_state)
         items: dict[str, ocp.args.CheckpointArgs] = {
-            "params": ocp.args.StandardSave(nnx.to_pure_dict(params)),
-            "metadata": ocp.args.JsonSave(_jsonable({"step": step, **(metadata or {})})),
+            "params": ocp.args.StandardSave(pure),
+            "metadata": ocp.args.JsonSave(_jsonable(
+                {"step": step, **(metadata or {}), "checksums": checksums})),
         }
         if opt_state is not None:
             items["opt_state"] = ocp.args.StandardSave(opt_state)
@@ -221,6 +262,10 @@ class CheckpointManager:
         )
         if not saved:
             logging.warning("Orbax skipped the checkpoint of step %d.", step)
+
+    def is_saving_in_progress(self) -> bool:
+        """Whether an asynchronous save has not been committed yet."""
+        return self._manager.is_saving_in_progress()
 
     def wait_until_finished(self) -> None:
         """Blocks until every pending asynchronous save is on disk."""
@@ -238,45 +283,195 @@ class CheckpointManager:
         abstract_params: nnx.State,
         abstract_opt_state: Any = None,
         data_iterator: SavableIterator | None = None,
+        on_damaged: Callable[[CorruptCheckpointError], None] | None = None,
     ) -> Restored:
-        """Restores `step` (default: the latest) into the given abstract targets.
+        """Restores `step` (default: the newest intact checkpoint) into the given abstract targets.
+
+        Every array read is checked against the checksums saved with it. With `step=None`, a
+        checkpoint that cannot be read or fails its checks is skipped for the one before it (a
+        warning names what was damaged, and `on_damaged` is called with the error); the skipped
+        ones are listed in `Restored.skipped`.
 
         Args:
-          step: the step to restore; None for the latest.
+          step: the step to restore; None for the newest intact one.
           abstract_params: the parameter state as `jax.ShapeDtypeStruct`s carrying shardings
             (`Partitioner.abstract_model`); arrays are read straight into those shards.
           abstract_opt_state: the same for the optimizer state; None to skip it (fine-tuning
             from a pretrained checkpoint, evaluation).
           data_iterator: a freshly built input pipeline to move to the saved position; None to
             skip it.
+          on_damaged: called with each damaged checkpoint skipped (e.g. to move it aside).
 
         Raises:
           FileNotFoundError: when there is no checkpoint (at `step`).
+          CorruptCheckpointError: `step` (or, for None, every checkpoint) is damaged.
+          IncompatibleCheckpointError: the checkpoint holds another network's arrays.
         """
-        step = self._resolve_step(step)
-        items: dict[str, ocp.args.CheckpointArgs] = {
-            "params": ocp.args.StandardRestore(nnx.to_pure_dict(abstract_params)),
-            "metadata": ocp.args.JsonRestore(),
-        }
+        if step is not None:
+            return self._restore_step(self._resolve_step(step), abstract_params,
+                                      abstract_opt_state, data_iterator)
+        candidates = self.all_steps()
+        if not candidates:
+            raise FileNotFoundError(f"No checkpoint under {self.directory}.")
+        skipped: list[CorruptCheckpointError] = []
+        for candidate in reversed(candidates):
+            try:
+                restored = self._restore_step(candidate, abstract_params, abstract_opt_state,
+                                              data_iterator)
+            except CorruptCheckpointError as error:
+                skipped.append(error)
+                if on_damaged is not None:
+                    on_damaged(error)
+                else:
+                    logging.warning("%s Trying the checkpoint before it.", error)
+                continue
+            if skipped and on_damaged is None:
+                logging.warning("Restored step %d instead (skipped damaged steps %s).",
+                                candidate, [e.step for e in skipped])
+            restored.skipped = skipped
+            return restored
+        raise CorruptCheckpointError(
+            os.fspath(self.directory), skipped[0].step, "every checkpoint",
+            "no intact checkpoint is left: " + "; ".join(f"step {e.step} ({e.item}: {e.detail})"
+                                                         for e in skipped))
+
+    def _restore_step(self, step: int, abstract_params: nnx.State, abstract_opt_state: Any,
+                      data_iterator: SavableIterator | None) -> Restored:
+        metadata = self.read_metadata(step)
+        targets = {"params": nnx.to_pure_dict(abstract_params)}
         if abstract_opt_state is not None:
-            items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
+            targets["opt_state"] = abstract_opt_state
+        self._check_shapes(step, targets)
+        items: dict[str, ocp.args.CheckpointArgs] = {
+            name: ocp.args.StandardRestore(target) for name, target in targets.items()}
         if data_iterator is not None:
             items["data_iterator"] = DataIteratorRestore(data_iterator)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        params = _fill(abstract_params, restored["params"])
+        try:
+            with _quiet_abandoned_reads():
+                restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        except _DamagedIterator as error:
+            raise self._damaged(step, "data_iterator", str(error)) from error
+        except (FileNotFoundError, KeyError, ValueError, OSError, Exception) as error:  # noqa: BLE001
+            # TensorStore raises bare Exceptions for unreadable chunks (a truncated file).
+            raise self._damaged(step, _item_of(error, items), _first_line(error)) from error
+        expected = metadata.get("checksums") or {}
+        for name in targets:
+            if name in expected:
+                wrong = integrity.mismatches(expected[name], restored[name])
+                if wrong:
+                    raise self._damaged(step, name, integrity.describe(wrong))
         return Restored(
             step=step,
-            params=params,
+            params=_fill(abstract_params, restored["params"]),
             opt_state=restored["opt_state"] if abstract_opt_state is not None else None,
-            metadata=dict(restored["metadata"]),
+            metadata=metadata,
         )
+
+    def _check_shapes(self, step: int, targets: Mapping[str, Any]) -> None:
+        """Refuses, before reading any array, a checkpoint of another network or optimizer."""
+        try:
+            saved = self._manager.item_metadata(step)
+        except Exception as error:  # noqa: BLE001 (an unreadable item: damage)
+            raise self._damaged(step, "array metadata", _first_line(error)) from error
+        for name, target in targets.items():
+            item = saved.get(name) if hasattr(saved, "get") else None
+            if item is None:
+                raise self._damaged(step, name, "the item is missing")
+            tree = getattr(item, "tree", item)
+            have = {integrity.leaf_name(p): tuple(x.shape) for p, x in
+                    jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "shape")}
+            want = {integrity.leaf_name(p): tuple(x.shape) for p, x in
+                    jax.tree_util.tree_flatten_with_path(target)[0] if hasattr(x, "shape")}
+            if have != want:
+                raise IncompatibleCheckpointError(os.fspath(self.directory), step, name,
+                                                  have, want)
+
+    def _damaged(self, step: int, item: str, detail: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(os.fspath(self.directory), step, item, detail)
 
     def read_metadata(self, step: int | None = None) -> dict[str, Any]:
         """The metadata JSON of `step` (default: the latest), without reading any array."""
         step = self._resolve_step(step)
         args = ocp.args.Composite(metadata=ocp.args.JsonRestore())
-        restored = self._manager.restore(step, args=args)
-        return dict(restored["metadata"])
+        try:
+            restored = self._manager.restore(step, args=args)
+            metadata = restored["metadata"]
+        except Exception as error:  # noqa: BLE001 (missing or unparsable JSON: damage)
+            raise self._damaged(step, "metadata", _first_line(error)) from error
+        if not isinstance(metadata, Mapping):
+            raise self._damaged(step, "metadata", f"expected a JSON object, read {metadata!r}")
+        return dict(metadata)
+
+    # -- integrity -----------------------------------------------------------------------------
+
+    def verify(self, step: int) -> tuple[str, list[str]]:
+        """Reads every array and file of `step` and checks them against their checksums.
+
+        Arrays are read one item at a time onto the host's first device, in the shapes and
+        dtypes they were saved with, so no model or optimizer configuration is needed.
+
+        Returns:
+          ("ok" | "damaged" | "unverified", problems): "unverified" for a checkpoint written
+          without checksums (by an older t2t) that reads without error.
+        """
+        try:
+            metadata = self.read_metadata(step)
+            saved = self._manager.item_metadata(step)
+        except CorruptCheckpointError as error:
+            return "damaged", [f"{error.item}: {error.detail}"]
+        except Exception as error:  # noqa: BLE001
+            return "damaged", [f"array metadata: {_first_line(error)}"]
+        checksums = metadata.get("checksums") or {}
+        problems = []
+        device = jax.local_devices(backend="cpu")[0]
+        for name in ("params", "opt_state"):
+            item = saved.get(name)
+            if item is None:
+                if name == "params" or name in checksums:
+                    problems.append(f"{name}: the item is missing")
+                continue
+            tree = getattr(item, "tree", item)
+            target = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(
+                    a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(device)), tree)
+            try:
+                with _quiet_abandoned_reads():
+                    values = self._manager.restore(step, args=ocp.args.Composite(
+                        **{name: ocp.args.StandardRestore(target)}))[name]
+            except Exception as error:  # noqa: BLE001
+                problems.append(f"{name}: {_first_line(error)}")
+                continue
+            if name in checksums:
+                wrong = integrity.mismatches(checksums[name], values)
+                if wrong:
+                    problems.append(f"{name}: {integrity.describe(wrong)}")
+            del values
+        iterators = self.directory / str(step) / "data_iterator"
+        if iterators.exists():
+            for path in sorted(iterators.iterdir()):
+                if path.is_dir():
+                    damaged = integrity.verify_file_digests(os.fspath(path))
+                    if damaged:
+                        problems.append(f"data_iterator/{path.name}: files differ from their "
+                                        f"checksums: {', '.join(damaged)}")
+        if problems:
+            return "damaged", problems
+        return ("ok" if checksums else "unverified"), []
+
+    def set_aside(self, step: int) -> str:
+        """Moves the checkpoint of `step` to `<model_dir>/damaged_checkpoints/<step>` (kept for
+        inspection, out of the way of new saves); returns its new path."""
+        source = os.fspath(self.directory / str(step))
+        parent = os.path.join(os.path.dirname(os.fspath(self.directory)), DAMAGED_SUBDIR)
+        os.makedirs(parent, exist_ok=True)
+        target = os.path.join(parent, str(step))
+        suffix = 1
+        while os.path.exists(target):
+            target = os.path.join(parent, f"{step}.{suffix}")
+            suffix += 1
+        os.rename(source, target)
+        self._manager.reload()
+        return target
 
     def _resolve_step(self, step: int | None) -> int:
         steps = self.all_steps()
@@ -289,6 +484,77 @@ class CheckpointManager:
                 f"No checkpoint of step {step} under {self.directory}; saved steps: {steps}."
             )
         return step
+
+
+class IncompatibleCheckpointError(ValueError):
+    """A checkpoint whose arrays have other shapes than the network (or optimizer) restoring it."""
+
+    def __init__(self, directory: str, step: int, item: str, saved: Mapping[str, tuple],
+                 wanted: Mapping[str, tuple]):
+        differ = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+        shown = "; ".join(f"{k}: {saved.get(k, 'absent')} in the checkpoint, "
+                          f"{wanted.get(k, 'absent')} here" for k in differ[:3])
+        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+        what = "network" if item == "params" else "optimizer"
+        super().__init__(
+            f"The checkpoint of step {step} in {directory} belongs to another {what}: {shown}"
+            f"{more}. Resume with the configuration that wrote it (its model_config.json and "
+            "config.gin are beside it), or give a new MODEL_DIR; to start a new run from its "
+            "parameters, use INIT_CHECKPOINT.")
+        self.step, self.item = step, item
+
+
+def _first_line(error: BaseException) -> str:
+    """An Orbax/TensorStore error in one line, naming the array when TensorStore's spec does."""
+    text = str(error).strip() or type(error).__name__
+    line = text.splitlines()[0].split(" See full TensorStore details")[0]
+    named = re.findall(r"'path': '([^'/][^']*?)/?'", text)  # the array's key in the store
+    return (f"array {named[-1]!r}: " if named else "") + line[:400]
+
+
+@contextlib.contextmanager
+def _quiet_abandoned_reads():
+    """Lets a failed restore end quietly. When one array read fails, Orbax closes its event loop
+    while the other reads are in flight; their TensorStore callbacks then print "Event loop is
+    closed" tracebacks from background threads (hundreds of lines for one damaged file) and
+    their coroutines "Exception ignored" reports. Here a failed run first waits for the reads
+    it started, so the one clear error raised instead is all the user sees.
+    """
+    from orbax.checkpoint._src import asyncio_utils
+
+    original = getattr(asyncio_utils, "_run_sync_via_new_loop", None)
+    if original is None:  # NOTE: an Orbax without this helper: nothing to patch
+        yield
+        return
+
+    def run_draining(coro):
+        loop = asyncio.new_event_loop()
+        try:
+            asyncio.set_event_loop(loop)
+            return loop.run_until_complete(coro)
+        except BaseException:
+            pending = asyncio.all_tasks(loop)
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            raise
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    asyncio_utils._run_sync_via_new_loop = run_draining
+    try:
+        yield
+    finally:
+        asyncio_utils._run_sync_via_new_loop = original
+
+
+def _item_of(error: BaseException, items: Mapping[str, Any]) -> str:
+    """Which item an Orbax/TensorStore error was about, when its message names the path."""
+    text = str(error)
+    for name in items:
+        if f"/{name}/" in text or f"/{name}'" in text or f'"{name}"' in text:
+            return name
+    return "arrays"
 
 
 def config_from_metadata(metadata: Mapping[str, Any]) -> TransformerConfig:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,17 +146,59 @@ class ModelDir:
         return restored.params, restored.metadata
 
     def load(self, step: int | None = None, *, partitioner: Any = None, **model_kwargs) -> Loaded:
-        """The model wrapper and parameters of `step` (default: the latest).
+        """The model wrapper and parameters of `step` (default: the newest intact checkpoint).
+
+        With `step=None`, a checkpoint that cannot be read or fails its checksums is skipped
+        for the one before it, with a warning on stderr naming what was damaged.
 
         Args:
           step: the step to restore.
           partitioner: see `restore_params`.
           **model_kwargs: passed to the model wrapper (`models.model_for`).
+
+        Raises:
+          CorruptCheckpointError: `step` is damaged (or, for None, every checkpoint is).
         """
-        step = self.resolve_step(step)
+        if step is not None:
+            return self._load(self.resolve_step(step), partitioner, model_kwargs)
+        skipped = []
+        for candidate in reversed(self.steps()):
+            try:
+                loaded = self._load(candidate, partitioner, model_kwargs)
+            except manager_lib.CorruptCheckpointError as error:
+                skipped.append(error)
+                print(f"{error}\nTrying the checkpoint before it.", file=sys.stderr, flush=True)
+                continue
+            if skipped:
+                print(f"Using step {candidate} of {self.path}, the newest intact checkpoint.",
+                      file=sys.stderr, flush=True)
+            return loaded
+        if not skipped:
+            raise FileNotFoundError(f"{self.path} holds no checkpoint yet.")
+        raise manager_lib.CorruptCheckpointError(
+            self.path, skipped[0].step, "every checkpoint",
+            "no intact checkpoint is left (`t2t check` lists what is damaged)")
+
+    def _load(self, step: int, partitioner: Any, model_kwargs: dict[str, Any]) -> Loaded:
         config = self.config(step)
         params, metadata = self.restore_params(step, config=config, partitioner=partitioner)
         return Loaded(step, models.model_for(config, **model_kwargs), params, metadata)
+
+    def check(self, report: Any = None) -> dict[int, tuple[str, list[str]]]:
+        """Verifies every checkpoint against its checksums (`CheckpointManager.verify`).
+
+        Args:
+          report: called with (step, status, problems) as each checkpoint is done.
+
+        Returns:
+          {step: (status, problems)}, status "ok", "damaged" or "unverified".
+        """
+        results = {}
+        for step in self.steps():
+            results[step] = self._manager.verify(step)
+            if report is not None:
+                report(step, *results[step])
+        return results
 
 
 def load_members(

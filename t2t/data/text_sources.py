@@ -55,10 +55,17 @@ def _file_documents(pattern: str) -> Iterator[str]:
         )
     for path in paths:
         with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    yield line
+            number = 0
+            try:
+                for number, line in enumerate(f, start=1):
+                    line = line.strip()
+                    if line:
+                        yield line
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path} is not UTF-8 text (line {number + 1}: {error.reason} at byte "
+                    f"{error.start} of the block read); text sources are UTF-8 files, one "
+                    "document per line.") from None
 
 
 def _tfds_documents(name_and_feature: str, split: str) -> Iterator[str]:

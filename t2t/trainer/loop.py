@@ -13,7 +13,12 @@ directory. It
 - evaluates every `eval_every` steps: teacher-forced loss and token accuracy on each eval set,
   then each evaluator callable `evaluator(params, step) -> {name: value}`;
 - saves a checkpoint every `checkpoint_every` steps and at the end (keeping the last K and the
-  best per tracked metric), and redraws `loss_curve.png`;
+  best per tracked metric), says "checkpoint saved" only once Orbax has committed it, and
+  redraws `loss_curve.png`;
+- on SIGTERM (how a preempted Cloud TPU VM or a scheduler stops a job) or SIGINT (Ctrl-C) saves
+  a checkpoint at the next step boundary, waits for it to commit and raises `Preempted` (the
+  CLI exits with `PREEMPTED_EXIT_CODE`); a second SIGINT stops at once. In a multi-host run the
+  hosts agree on the step at the next log boundary;
 - stops at the first non-finite loss, gradient or parameter norm with `NonFiniteError`, after the
   pending checkpoint writes have finished; such parameters are never saved.
 
@@ -25,9 +30,13 @@ events, the loss curve) and shows progress.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -38,13 +47,24 @@ import optax
 from flax import nnx
 
 from t2t import nn as t2t_nn
-from t2t.checkpoints.manager import BestMetric, CheckpointManager
+from t2t.checkpoints.manager import BestMetric, CheckpointManager, CorruptCheckpointError
 from t2t.finetuning import FineTuning, depths_of_config
 from t2t.partitioning import Partitioner
 from t2t.trainer import init, monitors, reporting, steps
 
 Evaluator = Callable[[nnx.State, int], Mapping[str, float]]
 LOSS_CURVE_FILE = "loss_curve.png"
+PREEMPTED_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: stopped cleanly, run the command again
+
+
+class Preempted(Exception):
+    """Training stopped on a signal after saving (and committing) a checkpoint of this step."""
+
+    def __init__(self, step: int, signal_name: str, directory: str):
+        self.step, self.signal_name = step, signal_name
+        super().__init__(
+            f"stopped by {signal_name} at step {step}; its checkpoint is saved in {directory}. "
+            "Run the same command again to resume from it.")
 
 
 class NonFiniteError(FloatingPointError):
@@ -185,6 +205,8 @@ class Trainer:
         self.compile_seconds: float | None = None
         self._evaluated_at: int | None = None  # the step of the latest evaluation
         self._saved_step: int | None = None  # the step of the latest checkpoint this run saved
+        self._uncommitted: list[int] = []  # saved steps not yet reported as committed
+        self._stop_signal: int | None = None  # SIGTERM or SIGINT received
         self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
         self._window_start = time.perf_counter()
         self.init_description = self._initialize(init_checkpoint)
@@ -204,19 +226,23 @@ class Trainer:
         if latest is not None:
             savable = hasattr(self.train_data, "save") and hasattr(self.train_data, "restore")
             restored = self.manager.restore(
-                latest, abstract_params=self.abstract_params,
+                abstract_params=self.abstract_params,
                 abstract_opt_state=self.abstract_opt_state,
                 data_iterator=self.train_data if savable else None,
+                on_damaged=self._set_aside,
             )
             self.params, self.opt_state, self.step = (
                 restored.params, restored.opt_state, restored.step)
+            if restored.skipped and self.is_chief:
+                print(f"Resuming from step {restored.step}, the newest intact checkpoint.",
+                      file=sys.stderr, flush=True)
             self.tokens_seen = int(restored.metadata.get("tokens_seen", 0))
             self.examples_seen = int(restored.metadata.get("examples_seen", 0))
             for name, seen in restored.metadata.get("watches", {}).items():
                 self.watches[name] = monitors.Watch(**seen)
             self.stopped_early = restored.metadata.get("stopped_early")
-            logging.info("Restored step %d from %s.", latest, self.model_dir)
-            return {"kind": "resume", "step": latest}
+            logging.info("Restored step %d from %s.", restored.step, self.model_dir)
+            return {"kind": "resume", "step": restored.step}
         self.step = 0
         if init_checkpoint:
             self.params, description = init.load_params(
@@ -231,6 +257,17 @@ class Trainer:
             description = {"kind": "random", "seed": seed}
         self.opt_state = self.partitioner.init_optimizer(self.tx, self.params)
         return description
+
+    def _set_aside(self, error: CorruptCheckpointError) -> None:
+        """Moves a damaged checkpoint out of the way of this run's saves (kept, not deleted)."""
+        if self.is_chief:
+            path = self.manager.set_aside(error.step)
+            print(f"{error}\nMoved it to {path}.", file=sys.stderr, flush=True)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"t2t set aside {error.step}")
+            self.manager.reload()
 
     def _earlier_curves(self):
         """Loss-curve points an earlier (interrupted) run of this model directory logged."""
@@ -263,26 +300,91 @@ class Trainer:
         self._window_start = time.perf_counter()
         eval_results: dict[str, float] = {}
         try:
-            while self.step < num_steps:
-                try:
-                    local = next(self.train_data)
-                except StopIteration:
-                    progress.note(f"The training data ran out at step {self.step}.")
-                    num_steps = self.step
-                    break
-                self._dispatch(local)
-                progress.advance()
-                eval_results = self._boundary(num_steps, progress) or eval_results
-                if self.stopped_early is not None:
-                    break
-            if self.step > first_step and self._saved_step != self.step:  # the data ran out
-                self._flush(progress)
-                self._save(eval_results if self._evaluated_at == self.step else None, progress)
+            with self._signals(progress):
+                eval_results = self._loop(num_steps, progress)
         finally:
             progress.close()
             self._finish()
         return self._summary(first_step, eval_results)
 
+    def _loop(self, num_steps: int, progress: reporting.Progress) -> dict[str, float]:
+        first_step = self.step
+        eval_results: dict[str, float] = {}
+        while self.step < num_steps:
+            try:
+                local = next(self.train_data)
+            except StopIteration:
+                progress.note(f"The training data ran out at step {self.step}.")
+                num_steps = self.step
+                break
+            except Exception as error:  # noqa: BLE001 (tf.data's InvalidArgumentError)
+                if self.init_description.get("kind") == "resume" and \
+                        "Incompatible shapes" in str(error):
+                    raise ValueError(
+                        f"The input pipeline saved in {self.model_dir}'s checkpoint makes "
+                        "batches of another shape than this run's (a different batch size or "
+                        "feature lengths): resume with the settings that wrote it (its "
+                        "config.gin), or give a new MODEL_DIR with INIT_CHECKPOINT set to this "
+                        "one to start from its parameters.") from None
+                raise
+            self._dispatch(local)
+            progress.advance()
+            eval_results = self._boundary(num_steps, progress) or eval_results
+            if self.stopped_early is not None:
+                break
+            if self._should_stop():
+                self._preempt(progress)
+        if self.step > first_step and self._saved_step != self.step:  # the data ran out
+            self._flush(progress)
+            self._save(eval_results if self._evaluated_at == self.step else None, progress)
+        return eval_results
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _signals(self, progress: reporting.Progress):
+        """SIGTERM and SIGINT ask for a checkpoint and a stop at the next step boundary."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be set from the main thread
+            return
+
+        def handler(signum, frame):
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop at once
+            self._stop_signal = signum
+            if self.is_chief:
+                print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after "
+                      "this step, then stopping (Ctrl-C again stops at once, without saving).",
+                      file=sys.stderr, flush=True)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for number, old in previous.items():
+                signal.signal(number, old)
+
+    def _should_stop(self) -> bool:
+        """Whether a signal asks this run to stop now (every host agreeing on the step)."""
+        if jax.process_count() == 1:
+            return self._stop_signal is not None
+        if self.step % self.log_every:
+            return False  # hosts compare notes at log boundaries, keeping steps asynchronous
+        from jax.experimental import multihost_utils
+
+        received = multihost_utils.process_allgather(np.int32(self._stop_signal or 0))
+        if int(np.max(received)) and self._stop_signal is None:
+            self._stop_signal = int(np.max(received))
+        return self._stop_signal is not None
+
+    def _preempt(self, progress: reporting.Progress) -> None:
+        """Saves this step (unless just saved), waits for the commit, raises Preempted."""
+        self._flush(progress)
+        if self._saved_step != self.step:
+            self._save(None, progress)
+        self._report_commits(progress, wait=True)
+        raise Preempted(self.step, signal.Signals(self._stop_signal).name,
+                        os.fspath(self.manager.directory))
     def _dispatch(self, local: Mapping[str, np.ndarray]) -> None:
         """Runs one train step on a host batch without waiting for it."""
         batch = self.partitioner.make_global_batch(local)
@@ -365,6 +467,7 @@ class Trainer:
         writer.write(steps_done[-1], window)
         writer.flush()
         progress.show({**self.history[-1][1], **window})
+        self._report_commits(progress)
         self._window_start = time.perf_counter()
 
     def _stop(self, step: int, problem: str) -> None:
@@ -448,8 +551,24 @@ class Trainer:
             metadata=self.checkpoint_metadata(), metrics=metrics,
         )
         self._saved_step = self.step
+        self._uncommitted.append(self.step)
         self.plot_loss_curve()
-        progress.note(f"step {self.step}: checkpoint saved to {self.manager.directory}")
+
+    def _report_commits(self, progress: reporting.Progress | None, wait: bool = False) -> None:
+        """Says "checkpoint saved" for the saves Orbax has committed (all of them if `wait`)."""
+        if not self._uncommitted:
+            return
+        if wait:
+            self.manager.wait_until_finished()
+        elif self.manager.is_saving_in_progress():
+            return
+        for step in self._uncommitted:
+            line = f"step {step}: checkpoint saved to {self.manager.directory}"
+            if progress is not None:
+                progress.note(line)
+            elif self.is_chief:
+                print(line, flush=True)
+        self._uncommitted = []
 
     def checkpoint_metadata(self) -> dict[str, Any]:
         """The metadata JSON of a checkpoint at the current step."""
@@ -475,6 +594,7 @@ class Trainer:
         return path
 
     def _finish(self) -> None:
+        self._report_commits(None, wait=True)
         self.manager.wait_until_finished()
         for writer in self._writers.values():
             writer.flush()

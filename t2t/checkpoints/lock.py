@@ -1,0 +1,261 @@
+"""One writer per model directory: the lock `t2t train` holds while it trains.
+
+Two runs writing one model directory would overwrite each other's checkpoints (Orbax replaces a
+step that exists), and neither would notice. `t2t train` therefore takes `<model_dir>/train.lock`
+first, a small JSON file naming its holder (process id, host, start time, command) and carrying
+a heartbeat its holder refreshes every few seconds. A second run finds it held and stops at once
+with a message naming the first. A lock whose holder died without releasing it (SIGKILL, a lost
+machine) is stale, and the next run takes it over:
+
+- on the same host, as soon as the holder's process id is gone;
+- from any host, once the heartbeat is older than `stale_seconds`.
+
+The lock file is created with O_CREAT | O_EXCL, atomic on a local or network file system. Model
+directories on object stores (gs://) have no such primitive and are not locked (a warning says
+so). A multi-host run takes the lock once, on process 0, and every process learns whether it
+was taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+LOCK_FILE = "train.lock"
+
+
+class RunLockedError(OSError):
+    """The model directory's lock is held by another live run."""
+
+
+class RunLock:
+    """The training lock of one model directory (re-entrant within one process).
+
+    Example:
+      with RunLock("/runs/demo"):
+          trainer.train(1000)
+    """
+
+    def __init__(self, model_dir: str, *, heartbeat_seconds: float = 5.0,
+                 stale_seconds: float = 60.0):
+        self.model_dir = os.fspath(model_dir)
+        self.path = os.path.join(self.model_dir, LOCK_FILE)
+        self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
+        self.holder = {"pid": os.getpid(), "host": socket.gethostname(),
+                       "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       "command": " ".join(os.path.basename(a) if i == 0 else a
+                                           for i, a in enumerate(sys.argv))[:500]}
+        self.lost = False  # set when another run took the lock over (our heartbeat stalled)
+        self._held = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- taking and giving back ------------------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Takes the lock, taking over a stale one; raises RunLockedError when it is held."""
+        try:
+            os.makedirs(self.model_dir, exist_ok=True)
+        except OSError as error:
+            raise OSError(f"Cannot create the model directory {self.model_dir} "
+                          f"({error.strerror or error}). Give a MODEL_DIR under a directory "
+                          "this user can write.") from None
+        for _ in range(8):  # each round either takes the lock or retires a stale one
+            if self._create():
+                self._start_heartbeat()
+                return
+            current = self._read()
+            if current is None:  # vanished (released) or half-written: look again
+                continue
+            if self._is_ours(current):
+                return  # this process already holds it (e.g. a second trainer in one script)
+            reason = self._stale_reason(current)
+            if reason is None:
+                raise RunLockedError(self._held_message(current))
+            self._retire(current, reason)
+        raise RunLockedError(f"Could not take {self.path}: other runs keep taking it. "
+                             "Make sure only one `t2t train` uses this MODEL_DIR.")
+
+    def release(self) -> None:
+        """Stops the heartbeat and deletes the lock file if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.heartbeat_seconds)
+            self._thread = None
+        if self._held:
+            current = self._read()
+            if current is not None and self._is_ours(current):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path)
+            self._held = False
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    # -- the file --------------------------------------------------------------------------------
+
+    def _record(self) -> str:
+        return json.dumps({**self.holder, "heartbeat": time.time()})
+
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        except PermissionError as error:
+            raise PermissionError(
+                f"Cannot write in the model directory {self.model_dir} ({error.strerror}). "
+                "Give a MODEL_DIR this user can write, or change its permissions.") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(self._record())
+        self._held = True
+        return True
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path) as f:
+                record = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            # Being written this instant, or damaged: judge it by the file's age alone.
+            try:
+                age = time.time() - os.path.getmtime(self.path)
+            except FileNotFoundError:
+                return None
+            return {"pid": None, "host": "?", "heartbeat": time.time() - age}
+        return record if isinstance(record, dict) else None
+
+    def _is_ours(self, record: dict[str, Any]) -> bool:
+        return record.get("pid") == os.getpid() and record.get("host") == self.holder["host"]
+
+    def _stale_reason(self, record: dict[str, Any]) -> str | None:
+        """Why a lock held by someone else is stale, or None when its holder may be alive."""
+        age = time.time() - float(record.get("heartbeat") or 0)
+        if record.get("host") == self.holder["host"] and isinstance(record.get("pid"), int):
+            if not _process_alive(record["pid"]):
+                return f"process {record['pid']} on this host is gone"
+        if age > self.stale_seconds:
+            return f"its last heartbeat was {age:.0f} s ago"
+        return None
+
+    def _retire(self, record: dict[str, Any], reason: str) -> None:
+        """Moves a stale lock out of the way (unless someone replaced it meanwhile)."""
+        retired = f"{self.path}.stale.{os.getpid()}"
+        try:
+            os.rename(self.path, retired)
+        except FileNotFoundError:
+            return
+        try:
+            with open(retired) as f:
+                moved = json.load(f)
+        except (OSError, ValueError):
+            moved = None
+        if moved is not None and moved.get("heartbeat") != record.get("heartbeat"):
+            # A new holder wrote it after we judged it stale: put it back, unless yet another
+            # lock appeared in the meantime.
+            with contextlib.suppress(FileExistsError):
+                os.link(retired, self.path)
+        else:
+            print(f"Taking over the stale lock of {self.model_dir} ({reason}; it was held by "
+                  f"{_who(record)}).", file=sys.stderr, flush=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(retired)
+
+    def _held_message(self, record: dict[str, Any]) -> str:
+        age = time.time() - float(record.get("heartbeat") or 0)
+        return (
+            f"Another run is training in {self.model_dir}: {_who(record)}, last heartbeat "
+            f"{age:.0f} s ago. Two runs writing one model directory would overwrite each "
+            "other's checkpoints. Wait for it to finish or stop it, or give this run a new "
+            f"MODEL_DIR. If that process is gone for good (a lost machine), the lock counts as "
+            f"stale {self.stale_seconds:.0f} s after its last heartbeat; deleting {self.path} "
+            "takes it over at once."
+        )
+
+    # -- the heartbeat ---------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="t2t-lock-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_seconds):
+            current = self._read()
+            if current is None or not self._is_ours(current):
+                self.lost = True
+                print(f"WARNING: the lock of {self.model_dir} is no longer this run's (taken "
+                      f"over by {_who(current) if current else 'nobody'}); another run may be "
+                      "writing the same checkpoints.", file=sys.stderr, flush=True)
+                return
+            temporary = f"{self.path}.{os.getpid()}.tmp"
+            with open(temporary, "w") as f:
+                f.write(self._record())
+            os.replace(temporary, self.path)
+
+
+def _who(record: dict[str, Any]) -> str:
+    command = str(record.get("command") or "")
+    if len(command) > 100:
+        command = command[:97] + "..."
+    command = f" running `{command}`" if command else ""
+    started = f", started {record['started']}" if record.get("started") else ""
+    return f"process {record.get('pid')} on host {record.get('host')}{started}{command}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def hold(model_dir: str, **kwargs):
+    """Holds `model_dir`'s training lock for the `with` body; in a multi-host run process 0
+    takes it and every process raises if it could not."""
+    import jax
+
+    if "://" in os.fspath(model_dir):
+        print(f"WARNING: {model_dir} is on an object store, where t2t cannot lock a model "
+              "directory; make sure only one run trains in it.", file=sys.stderr, flush=True)
+        yield None
+        return
+    if jax.process_count() == 1:
+        with RunLock(model_dir, **kwargs) as lock:
+            yield lock
+        return
+    from jax.experimental import multihost_utils
+    import numpy as np
+
+    lock, error = None, ""
+    if jax.process_index() == 0:
+        lock = RunLock(model_dir, **kwargs)
+        try:
+            lock.acquire()
+        except RunLockedError as held:
+            error = str(held)
+    taken = multihost_utils.broadcast_one_to_all(np.int32(0 if error else 1))
+    if not int(taken):
+        raise RunLockedError(error or f"Process 0 could not take the lock of {model_dir}; "
+                             "see its log.")
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
