@@ -66,8 +66,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO)
     args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
     stats = pipeline.run(config_from_args(args), PipelineOptions(beam_args))
-    print(json.dumps(stats["counters"], indent=2, sort_keys=True))
+    counters = stats["counters"]
+    print(json.dumps(counters, indent=2, sort_keys=True))
+    problem = empty_run(counters)
+    if problem:
+        print(f"python -m c4_pipeline: error: {problem} (counters above and in "
+              f"{args.output_dir}/stats.json); check --wet_paths.", file=sys.stderr)
+        return 1
     return 0
+
+
+def empty_run(counters: dict) -> str:
+    """Why a finished run produced nothing usable ("" when it wrote pages)."""
+    read = counters.get("read", {})
+    if not read.get("page_read"):
+        malformed = sum(v for k, v in read.items() if k.startswith("malformed:"))
+        return (f"no page was read from {read.get('file', 0)} WET file(s)"
+                + (f"; {malformed} malformed record(s) skipped" if malformed else ""))
+    if not sum(counters.get("write", {}).values()):
+        return f"{read['page_read']} pages were read, but every one was filtered out"
+    return ""
 
 
 if __name__ == "__main__":

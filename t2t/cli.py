@@ -599,6 +599,26 @@ def error_message(error: BaseException) -> str:
     return _GIN_CALL_NOTE.sub("", str(error))
 
 
+_TRAINING_COMMANDS = ("train", "chain", "study")
+_PREEMPTED_EXIT_CODE = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE, without importing it here
+
+
+class _SignalStop(BaseException):
+    """SIGTERM or SIGINT outside the training loop (start-up: imports, gin, data; or the end),
+    where stopping at once loses nothing; inside it the trainer saves first. A BaseException,
+    like KeyboardInterrupt, so that no library's `except Exception` swallows it."""
+
+
+def _stop_at_once_on_signals() -> None:
+    import signal
+
+    def handler(signum, frame):
+        raise _SignalStop(signal.Signals(signum).name)
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, handler)
+
+
 def _preempted() -> tuple[type[BaseException], ...]:
     """`t2t.trainer.loop.Preempted` once the trainer is loaded (`except` evaluates this when
     an exception arrives), so commands that never train do not import it."""
@@ -615,11 +635,18 @@ def main(argv: list[str] | None = None) -> int:
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
         return 2
+    if args.command in _TRAINING_COMMANDS:
+        _stop_at_once_on_signals()  # the trainer takes over while it trains (saves, then stops)
     try:
         code = args.handler(args)
+    except _SignalStop as stopped:
+        print(f"t2t {args.command}: stopped by {stopped} outside the training loop (starting "
+              "up or finishing); every checkpoint reported saved is kept. Run the same command "
+              "again to go on.", file=sys.stderr)
+        return _PREEMPTED_EXIT_CODE
     except _preempted() as stopped:  # SIGTERM / SIGINT: a checkpoint was saved, a clean stop
         print(f"t2t {args.command}: {error_message(stopped)}", file=sys.stderr)
-        return sys.modules["t2t.trainer.loop"].PREEMPTED_EXIT_CODE
+        return _PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:  # a second Ctrl-C
         print(f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
               "reported saved.", file=sys.stderr)

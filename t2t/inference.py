@@ -259,19 +259,17 @@ def read_examples(path: str, file_format: str | None = None) -> list[dict[str, s
     if file_format not in INPUT_FORMATS:
         raise ValueError(f"file_format must be one of {INPUT_FORMATS}, got {file_format!r}.")
     examples = []
-    with open(path, encoding="utf-8") as f:
-        number = 0
-        try:
-            for number, line in enumerate(f, start=1):
-                line = line.rstrip("\n")
-                if not line.strip():
-                    continue
-                parse = _parse_jsonl_line if file_format == "jsonl" else _parse_tsv_line
+    parse = _parse_jsonl_line if file_format == "jsonl" else _parse_tsv_line
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not UTF-8 text ({error.reason} at byte {error.start} "
+                    "of the line); --input_file takes UTF-8 JSONL or TSV.") from None
+            if line.strip():
                 examples.append(parse(line, f"{path}:{number}"))
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{path}:{number + 1} is not UTF-8 text ({error.reason}); --input_file takes "
-                "UTF-8 JSONL or TSV.") from None
     if not examples:
         raise ValueError(f"{path} holds no examples.")
     return examples

@@ -372,7 +372,9 @@ class CheckpointManager:
         try:
             saved = self._manager.item_metadata(step)
         except Exception as error:  # noqa: BLE001 (an unreadable item: damage)
-            raise self._damaged(step, "array metadata", _first_line(error)) from error
+            item = _item_of(error, _ITEMS)
+            raise self._damaged(step, "array metadata" if item == "arrays" else item,
+                                _first_line(error)) from error
         for name, target in targets.items():
             item = saved.get(name) if hasattr(saved, "get") else None
             if item is None:
@@ -420,7 +422,9 @@ class CheckpointManager:
         except CorruptCheckpointError as error:
             return "damaged", [f"{error.item}: {error.detail}"]
         except Exception as error:  # noqa: BLE001
-            return "damaged", [f"array metadata: {_first_line(error)}"]
+            item = _item_of(error, _ITEMS)
+            return "damaged", [f"{'array metadata' if item == 'arrays' else item}: "
+                               f"{_first_line(error)}"]
         checksums = metadata.get("checksums") or {}
         problems = []
         device = jax.local_devices(backend="cpu")[0]

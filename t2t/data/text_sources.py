@@ -54,18 +54,17 @@ def _file_documents(pattern: str) -> Iterator[str]:
             "a TFDS dataset."
         )
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            number = 0
-            try:
-                for number, line in enumerate(f, start=1):
-                    line = line.strip()
-                    if line:
-                        yield line
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"{path} is not UTF-8 text (line {number + 1}: {error.reason} at byte "
-                    f"{error.start} of the block read); text sources are UTF-8 files, one "
-                    "document per line.") from None
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as error:
+                    raise ValueError(
+                        f"{path} is not UTF-8 text (line {number}: {error.reason} at byte "
+                        f"{error.start}); text sources are UTF-8 files, one document per "
+                        "line.") from None
+                if line:
+                    yield line
 
 
 def _tfds_documents(name_and_feature: str, split: str) -> Iterator[str]:

@@ -140,3 +140,23 @@ def test_newest_capture_combiner_is_order_free():
         accumulators = [combiner.add_input(combiner.create_accumulator(), p) for p in order]
         merged = combiner.merge_accumulators([accumulators[0], combiner.merge_accumulators(accumulators[1:])])
         assert combiner.extract_output(merged) == (winner, 3)
+
+
+def test_a_run_that_reads_nothing_usable_exits_non_zero_with_its_counters(tmp_path, capsys):
+    from c4_pipeline import __main__ as c4_cli
+
+    (tmp_path / "empty.warc.wet").write_text("")
+    (tmp_path / "junk.warc.wet").write_text("this is not a WARC record\n" * 3)
+    (tmp_path / "badwords.txt").write_text("x\n")
+    argv = [f"--badwords_file={tmp_path / 'badwords.txt'}", "--runner=DirectRunner"]
+    assert c4_cli.main([f"--wet_paths={tmp_path}/empty.warc.wet",
+                        f"--output_dir={tmp_path / 'a'}", *argv]) == 1
+    err = capsys.readouterr().err
+    assert "error: no page was read from 1 WET file(s)" in err and "check --wet_paths" in err
+    assert c4_cli.main([f"--wet_paths={tmp_path}/junk.warc.wet",
+                        f"--output_dir={tmp_path / 'b'}", *argv]) == 1
+    err = capsys.readouterr().err
+    assert "error: no page was read from 1 WET file(s)" in err
+    assert c4_cli.empty_run({"read": {"page_read": 5}, "write": {}}) == \
+        "5 pages were read, but every one was filtered out"
+    assert c4_cli.empty_run({"read": {"page_read": 5}, "write": {"page_written:train": 1}}) == ""

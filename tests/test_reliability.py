@@ -1,0 +1,279 @@
+"""Reliability of `t2t` runs end to end: damaged checkpoints, preemption, one writer, and bad
+input answered with a message and exit 2 (never a traceback).
+
+The runs are the suite's shrunk demo (tests/test_runs.py): real data, gin, checkpoints. A straight
+9-step run is the reference every interrupted or damaged run must end identical to.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from t2t import cli
+from t2t.checkpoints import lock
+from t2t.checkpoints import model_dir as model_dir_lib
+from t2t.trainer import loop, reporting
+
+DEMO = "gin/experiments/tiny_builtin_demo.gin"
+SMALL = [
+    "t2t.nn.get_preset.d_model=64", "t2t.nn.get_preset.d_ff=128",
+    "t2t.nn.get_preset.num_heads=2", "t2t.nn.get_preset.d_kv=32",
+    "t2t.nn.get_preset.num_encoder_layers=1", "t2t.nn.get_preset.num_decoder_layers=1",
+    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "BATCH_SIZE=8",
+    "t2t.runs.train.progress=False", "t2t.runs.train.num_predictions=0",
+    "t2t.runs.train.log_every=1", "t2t.runs.train.eval_every=None",
+    "t2t.runs.train.checkpoint_every=3",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtin(builtin_tasks):
+    return builtin_tasks
+
+
+def _argv(model_dir, steps, *extra):
+    return ["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{model_dir}'",
+            *[f"--gin.{b}" for b in SMALL], f"--gin.TRAIN_STEPS={steps}", *extra]
+
+
+def _losses(model_dir):
+    return dict(reporting.read_scalars(os.path.join(model_dir, "train"))["loss"])
+
+
+def _params(model_dir, step=None):
+    import jax
+
+    loaded = model_dir_lib.ModelDir(model_dir).load(step)
+    return [np.asarray(x) for x in jax.tree.leaves(loaded.params)]
+
+
+def _assert_same_run(got_dir, expected_dir):
+    got, expected = _losses(got_dir), _losses(expected_dir)
+    assert sorted(got) == sorted(expected) == list(range(1, 10))
+    assert [got[s] for s in range(1, 10)] == [expected[s] for s in range(1, 10)]
+    for x, y in zip(_params(got_dir), _params(expected_dir), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """`straight`: 9 steps uninterrupted; `six`: the same run as if stopped after step 6
+    (its checkpoints 3 and 6; the logged steps 7-9 are superseded when it resumes)."""
+    root = tmp_path_factory.mktemp("reliability")
+    assert cli.main(_argv(root / "straight", 9)) == 0
+    shutil.copytree(root / "straight", root / "six")
+    shutil.rmtree(root / "six" / "checkpoints" / "9")
+    assert model_dir_lib.ModelDir(root / "six").steps() == [3, 6]
+    return root
+
+
+def _flip_a_bit(step_dir):
+    files = [os.path.join(r, n) for r, _, names in os.walk(step_dir / "params")
+             if os.path.basename(r) == "d" for n in names]
+    path = max(files, key=os.path.getsize)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x40
+    open(path, "wb").write(data)
+
+
+def test_a_flipped_bit_is_found_and_skipped_by_check_infer_and_resume(runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "six", run)
+    _flip_a_bit(run / "checkpoints" / "6")
+    capsys.readouterr()
+
+    assert cli.main(["check", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "step 3: ok" in out and "step 6: damaged" in out
+    assert "params: 1 array differs from its checksums" in out
+
+    examples = tmp_path / "in.jsonl"
+    examples.write_text('{"inputs": "def main():"}\n{"inputs": "import os"}\n')
+    infer = ["infer", f"--model_dir={run}", f"--input_file={examples}"]
+    assert cli.main([*infer, f"--output_file={tmp_path / 'latest.jsonl'}"]) == 0
+    err = capsys.readouterr().err
+    assert "step 6" in err and "damaged (params)" in err and "Using step 3" in err
+    assert cli.main([*infer, "--step=3", f"--output_file={tmp_path / 'three.jsonl'}"]) == 0
+    assert (tmp_path / "latest.jsonl").read_text() == (tmp_path / "three.jsonl").read_text()
+    assert cli.main([*infer, "--step=6", f"--output_file={tmp_path / 'six.jsonl'}"]) == 2
+    err = capsys.readouterr().err
+    assert "t2t infer: error: The checkpoint of step 6" in err and "Traceback" not in err
+
+    assert cli.main(_argv(run, 9)) == 0  # resumes from step 3, the newest intact checkpoint
+    err = capsys.readouterr().err
+    assert "Moved it to" in err and "Resuming from step 3" in err
+    assert os.path.isdir(run / "damaged_checkpoints" / "6")
+    _assert_same_run(run, runs / "straight")
+
+
+def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(runs, tmp_path, capsys,
+                                                                         monkeypatch):
+    from t2t.data import pipeline
+
+    run = tmp_path / "run"
+    calls = {"n": 0}
+    original = pipeline.InputPipeline.__next__
+
+    def next_then_sigterm(self):  # SIGTERM while batch 5 is read, as a scheduler would send it
+        calls["n"] += 1
+        if calls["n"] == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
+
+    monkeypatch.setattr(pipeline.InputPipeline, "__next__", next_then_sigterm)
+    assert cli.main(_argv(run, 9)) == loop.PREEMPTED_EXIT_CODE
+    out, err = capsys.readouterr()
+    assert "SIGTERM received: saving a checkpoint after this step" in err
+    assert f"t2t train: stopped by SIGTERM at step 5; its checkpoint is saved in {run}" in err
+    assert "step 5: checkpoint saved" in out and "Traceback" not in err
+    assert model_dir_lib.ModelDir(run).steps() == [3, 5]
+    assert signal.getsignal(signal.SIGTERM) is not None  # handlers are put back
+    monkeypatch.undo()
+    assert cli.main(_argv(run, 9)) == 0
+    _assert_same_run(run, runs / "straight")
+    # The fault-injection harness (benchmarks/fault_injection.py) judges runs the same way.
+    harness = _harness()
+    verdict = harness.same(harness.outcome(str(run)), harness.outcome(str(runs / "straight")))
+    assert verdict["exact"], verdict
+    shutil.rmtree(run / "checkpoints" / "9")
+    assert not harness.same(harness.outcome(str(run)),
+                            harness.outcome(str(runs / "straight")))["exact"]
+    assert harness.check(str(run)) == {5: "ok", 6: "ok"}  # the last three were kept
+
+
+def _harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "fault_injection", os.path.join("benchmarks", "fault_injection.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = module.command("/tmp/x", 9, 3)
+    assert argv[1:4] == ["-m", "t2t.cli", "train"]
+    assert cli.build_parser().parse_args(cli.split_gin_bindings(argv[3:])[0]).command == "train"
+    return module
+
+
+HOLDER = textwrap.dedent("""
+    import sys
+    from t2t.checkpoints import lock
+    held = lock.RunLock(sys.argv[1])
+    held.acquire()  # what `t2t train` takes first
+    print("held", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_a_second_train_on_a_busy_directory_stops_at_once_naming_the_first(tmp_path, capsys):
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert first.stdout.readline().strip() == "held"
+        assert cli.main(_argv(run, 3)) == 2
+        err = capsys.readouterr().err
+        assert f"Another run is training in {run}: process {first.pid} on host" in err
+        assert "give this run a new MODEL_DIR" in err
+        assert not (run / "checkpoints").exists()  # stopped before building anything
+    finally:
+        first.kill()
+        first.wait()
+    assert json.loads((run / lock.LOCK_FILE).read_text())["pid"] == first.pid  # left behind
+    assert cli.main(_argv(run, 3)) == 0  # its holder is gone: the stale lock is taken over
+    assert "Taking over the stale lock" in capsys.readouterr().err
+    assert not (run / lock.LOCK_FILE).exists()
+
+
+# -- bad input: exit 2 and a message -----------------------------------------------------------
+
+
+def _fails(argv, capsys, *expected):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "In call to configurable" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def test_resuming_with_another_network_or_batch_is_refused(runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "six", run)
+    _fails(_argv(run, 9, "--gin.t2t.nn.get_preset.d_model=32"), capsys,
+           "belongs to another network", "decoder/decoder_norm/scale: (64,) in the "
+           "checkpoint, (32,) here", "INIT_CHECKPOINT")
+    _fails(_argv(run, 9, "--gin.BATCH_SIZE=16"), capsys,
+           "were trained with batch_size 8; this run has 16", "resume with BATCH_SIZE=8")
+    assert model_dir_lib.ModelDir(run).steps() == [3, 6]  # nothing was written
+
+
+def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, capsys):
+    run = tmp_path / "run"
+    for value in ("0", "-3"):
+        _fails(_argv(run, value), capsys, "t2t.runs.train.train_steps (the gin macro "
+               f"TRAIN_STEPS) must be a positive int; got {value}")
+    _fails(_argv(run, "'forty'"), capsys, "must be a positive int; got 'forty' (str)")
+    _fails(_argv(run, 9, "--gin.t2t.runs.train.log_every=0"), capsys,
+           "t2t.runs.train.log_every must be a positive int; got 0")
+    unbalanced = tmp_path / "unbalanced.gin"
+    unbalanced.write_text(f"include '{DEMO.removeprefix('gin/')}'\n"
+                          "t2t.runs.train.log_every = (10\n")
+    _fails(["train", f"--gin_file={unbalanced}"], capsys,
+           f"gin could not parse {unbalanced}", "never closed")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    _fails(_argv(a_file / "run", 3), capsys,
+           f"Cannot create the model directory {a_file / 'run'}")
+    assert not run.exists()
+
+
+def test_export_refuses_non_empty_and_model_directories_and_writes_uniform_modes(runs, tmp_path,
+                                                                               capsys):
+    source = runs / "straight"
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "notes.txt").write_text("mine")
+    export = ["export", f"--model_dir={source}"]
+    _fails([*export, f"--output_dir={release}"], capsys, "is not empty", "--overwrite")
+    _fails([*export, f"--output_dir={source / 'release'}"], capsys,
+           "is inside the model directory")
+    assert not (source / "release").exists()
+    assert cli.main([*export, f"--output_dir={release}", "--overwrite"]) == 0
+    assert (release / "notes.txt").read_text() == "mine"
+    modes = {name: os.stat(release / name).st_mode & 0o777 for name in os.listdir(release)
+             if name != "notes.txt"}
+    assert len(set(modes.values())) == 1, modes
+    assert {"model.safetensors", "spiece.model", "config.json"} <= set(modes)
+
+
+def test_inputs_that_are_not_text_and_overlong_inputs(runs, tmp_path, capsys):
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"inputs": "ok"}\n\xff\xfe\x8f not text\n')
+    _fails(["infer", f"--model_dir={runs / 'straight'}", f"--input_file={binary}",
+            f"--output_file={tmp_path / 'out.jsonl'}"], capsys,
+           f"{binary}:2 is not UTF-8 text")
+    _fails(["vocab", f"--output={tmp_path / 'v.model'}", f"--source={binary}",
+            "--num_pieces=50"], capsys, f"{binary} is not UTF-8 text")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{not json")
+    (hf / "model.safetensors").write_bytes(b"")
+    _fails(_argv(tmp_path / "from_hf", 3, f"--gin.t2t.runs.train.init_checkpoint='{hf}'"),
+           capsys, f"{hf / 'config.json'} is not valid JSON")
+    # 100k characters of input: cut to the length the model trained with, and said so.
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"inputs": "import os " * 10_000}) + "\n"
+                    + json.dumps({"inputs": "import os"}) + "\n")
+    assert cli.main(["infer", f"--model_dir={runs / 'straight'}", f"--input_file={long}",
+                     f"--output_file={tmp_path / 'long_out.jsonl'}"]) == 0
+    assert "1 of 2 examples' texts were longer than the feature lengths (inputs 64 tokens" \
+        in capsys.readouterr().err
+    assert len((tmp_path / "long_out.jsonl").read_text().splitlines()) == 2
