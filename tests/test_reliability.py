@@ -106,6 +106,12 @@ def test_a_flipped_bit_is_found_and_skipped_by_check_infer_and_resume(runs, tmp_
     err = capsys.readouterr().err
     assert "t2t infer: error: The checkpoint of step 6" in err and "Traceback" not in err
 
+    assert cli.main(["eval", f"--model_dir={run}", "--tasks=builtin_package",
+                     "--num_examples=4", "--batch_size=4",
+                     f"--output_file={tmp_path / 'eval.json'}"]) == 0
+    assert "Using step 3" in capsys.readouterr().err
+    assert list(json.loads((tmp_path / "eval.json").read_text())["steps"]) == ["3"]
+
     assert cli.main(_argv(run, 9)) == 0  # resumes from step 3, the newest intact checkpoint
     err = capsys.readouterr().err
     assert "Moved it to" in err and "Resuming from step 3" in err
@@ -146,6 +152,26 @@ def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(runs, t
     assert not harness.same(harness.outcome(str(run)),
                             harness.outcome(str(runs / "straight")))["exact"]
     assert harness.check(str(run)) == {5: "ok", 6: "ok"}  # the last three were kept
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path, capsys, monkeypatch):
+    from t2t.data import pipeline
+
+    calls = {"n": 0}
+    original = pipeline.InputPipeline.__next__
+
+    def next_then_two_sigints(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the first asks for a save at the step's end
+            os.kill(os.getpid(), signal.SIGINT)  # the second: stop now
+        return original(self)
+
+    monkeypatch.setattr(pipeline.InputPipeline, "__next__", next_then_two_sigints)
+    assert cli.main(_argv(tmp_path / "run", 9)) == 130
+    err = capsys.readouterr().err
+    assert "SIGINT received" in err and "t2t train: interrupted; nothing was saved" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
 def _harness():

@@ -271,3 +271,23 @@ def test_hf_directory_is_recognized(tmp_path):
     assert init.checkpoint_kind(str(tmp_path / "hf")) == init.HF
     assert init.source_config(str(tmp_path / "hf"), dropout_rate=0.0) == CONFIG.replace(
         dropout_rate=0.0)
+
+
+def test_checkpoint_saved_is_said_only_once_the_save_is_committed(tmp_path, capsys):
+    """With asynchronous saves still in flight at every log boundary, no "saved" line appears
+    until the trainer has waited for them; then one per step."""
+    trainer = _trainer(tmp_path, _single_device(), checkpoint_every=2, async_checkpoints=True)
+    real_wait = trainer.manager.wait_until_finished
+    trainer.manager.is_saving_in_progress = lambda: True  # never committed while training
+
+    def wait():
+        real_wait()
+        print("<all saves committed>")
+
+    trainer.manager.wait_until_finished = wait
+    trainer.train(4)
+    lines = capsys.readouterr().out.splitlines()
+    saved = [line for line in lines if "checkpoint saved" in line]
+    assert saved == [f"step {s}: checkpoint saved to {trainer.manager.directory}" for s in (2, 4)]
+    assert lines.index("<all saves committed>") < lines.index(saved[0])
+    assert trainer.manager.all_steps() == [2, 4]
