@@ -8,6 +8,7 @@ and calls it. To add a subcommand, write such a function and list it in SUBCOMMA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -603,20 +604,34 @@ _TRAINING_COMMANDS = ("train", "chain", "study")
 _PREEMPTED_EXIT_CODE = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE, without importing it here
 
 
-class _SignalStop(BaseException):
-    """SIGTERM or SIGINT outside the training loop (start-up: imports, gin, data; or the end),
-    where stopping at once loses nothing; inside it the trainer saves first. A BaseException,
-    like KeyboardInterrupt, so that no library's `except Exception` swallows it."""
-
-
-def _stop_at_once_on_signals() -> None:
+@contextlib.contextmanager
+def _stop_at_once_on_signals(command: str):
+    """SIGTERM or SIGINT outside the training loop (start-up: imports, gin, data; or the end,
+    after the last checkpoint is committed) stops the process at once with exit 75: nothing
+    unsaved is lost there, and the trainer handles them itself while it trains (it saves, then
+    stops). `os._exit`, not an exception: an exception raised into a half-initialized runtime
+    (XLA, TensorFlow) can crash the interpreter's shutdown (seen as SIGSEGV under the fault
+    injection harness). The previous handlers are put back when the command returns.
+    """
     import signal
 
     def handler(signum, frame):
-        raise _SignalStop(signal.Signals(signum).name)
+        from t2t.checkpoints import lock
 
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, handler)
+        lock.release_all()  # the model directory is free again at once
+        print(f"t2t {command}: stopped by {signal.Signals(signum).name} outside the training "
+              "loop (starting up or finishing); every checkpoint reported saved is kept. Run "
+              "the same command again to go on.", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(_PREEMPTED_EXIT_CODE)
+
+    previous = {number: signal.signal(number, handler)
+                for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
 
 
 def _preempted() -> tuple[type[BaseException], ...]:
@@ -635,15 +650,11 @@ def main(argv: list[str] | None = None) -> int:
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
         return 2
-    if args.command in _TRAINING_COMMANDS:
-        _stop_at_once_on_signals()  # the trainer takes over while it trains (saves, then stops)
+    signals = (_stop_at_once_on_signals(args.command) if args.command in _TRAINING_COMMANDS
+               else contextlib.nullcontext())
     try:
-        code = args.handler(args)
-    except _SignalStop as stopped:
-        print(f"t2t {args.command}: stopped by {stopped} outside the training loop (starting "
-              "up or finishing); every checkpoint reported saved is kept. Run the same command "
-              "again to go on.", file=sys.stderr)
-        return _PREEMPTED_EXIT_CODE
+        with signals:  # the trainer takes over while it trains (saves, then stops)
+            code = args.handler(args)
     except _preempted() as stopped:  # SIGTERM / SIGINT: a checkpoint was saved, a clean stop
         print(f"t2t {args.command}: {error_message(stopped)}", file=sys.stderr)
         return _PREEMPTED_EXIT_CODE

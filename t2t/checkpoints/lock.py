@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 LOCK_FILE = "train.lock"
+_HELD: set[RunLock] = set()  # the locks this process holds, for `release_all`
 
 
 class RunLockedError(OSError):
@@ -69,6 +70,7 @@ class RunLock:
         for _ in range(8):  # each round either takes the lock or retires a stale one
             if self._create():
                 self._start_heartbeat()
+                _HELD.add(self)
                 return
             current = self._read()
             if current is None:  # vanished (released) or half-written: look again
@@ -84,6 +86,7 @@ class RunLock:
 
     def release(self) -> None:
         """Stops the heartbeat and deletes the lock file if it is still ours."""
+        _HELD.discard(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.heartbeat_seconds)
@@ -204,6 +207,16 @@ class RunLock:
             with open(temporary, "w") as f:
                 f.write(self._record())
             os.replace(temporary, self.path)
+
+
+def release_all() -> None:
+    """Deletes every lock file this process holds (before an immediate exit)."""
+    for held in list(_HELD):
+        _HELD.discard(held)
+        current = held._read()
+        if current is not None and held._is_ours(current):
+            with contextlib.suppress(OSError):
+                os.remove(held.path)
 
 
 def _who(record: dict[str, Any]) -> str:

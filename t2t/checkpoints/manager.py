@@ -74,7 +74,7 @@ class DataIteratorHandler(ocp.CheckpointHandler):
                     f"data-iterator files of process {jax.process_index()} differ from their "
                     f"checksums: {', '.join(damaged)}")
         if not path.exists():
-            raise ValueError(
+            raise MissingIteratorStateError(
                 f"The checkpoint at {directory} holds no data-iterator state for process "
                 f"{jax.process_index()} (expected {path}). It was written by a run with fewer "
                 "hosts; restore without the data iterator (restore_data=False) to start the "
@@ -86,6 +86,10 @@ class DataIteratorHandler(ocp.CheckpointHandler):
 
 class _DamagedIterator(ValueError):
     """Raised inside the data-iterator handler; the manager reports it with the step."""
+
+
+class MissingIteratorStateError(ValueError):
+    """The checkpoint was written by fewer hosts than restore it (not damage: no fallback)."""
 
 
 @ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
@@ -351,8 +355,11 @@ class CheckpointManager:
                 restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         except _DamagedIterator as error:
             raise self._damaged(step, "data_iterator", str(error)) from error
-        except (FileNotFoundError, KeyError, ValueError, OSError, Exception) as error:  # noqa: BLE001
-            # TensorStore raises bare Exceptions for unreadable chunks (a truncated file).
+        except MissingIteratorStateError:
+            raise
+        except Exception as error:  # noqa: BLE001
+            # What is left after the shape check is unreadable data; TensorStore raises bare
+            # Exceptions for it (a truncated file), Orbax KeyErrors for missing entries.
             raise self._damaged(step, _item_of(error, items), _first_line(error)) from error
         expected = metadata.get("checksums") or {}
         for name in targets:
@@ -370,7 +377,8 @@ class CheckpointManager:
     def _check_shapes(self, step: int, targets: Mapping[str, Any]) -> None:
         """Refuses, before reading any array, a checkpoint of another network or optimizer."""
         try:
-            saved = self._manager.item_metadata(step)
+            with _quiet_abandoned_reads():
+                saved = self._manager.item_metadata(step)
         except Exception as error:  # noqa: BLE001 (an unreadable item: damage)
             item = _item_of(error, _ITEMS)
             raise self._damaged(step, "array metadata" if item == "arrays" else item,
@@ -396,7 +404,8 @@ class CheckpointManager:
         step = self._resolve_step(step)
         args = ocp.args.Composite(metadata=ocp.args.JsonRestore())
         try:
-            restored = self._manager.restore(step, args=args)
+            with _quiet_abandoned_reads():
+                restored = self._manager.restore(step, args=args)
             metadata = restored["metadata"]
         except Exception as error:  # noqa: BLE001 (missing or unparsable JSON: damage)
             raise self._damaged(step, "metadata", _first_line(error)) from error
@@ -418,7 +427,8 @@ class CheckpointManager:
         """
         try:
             metadata = self.read_metadata(step)
-            saved = self._manager.item_metadata(step)
+            with _quiet_abandoned_reads():
+                saved = self._manager.item_metadata(step)
         except CorruptCheckpointError as error:
             return "damaged", [f"{error.item}: {error.detail}"]
         except Exception as error:  # noqa: BLE001
