@@ -344,21 +344,24 @@ def _data_metadata(provider, name: str, lengths: Mapping[str, int]) -> dict[str,
 
 def _check_resumable(model_dir: str, metadata: Mapping[str, Any]) -> None:
     """Refuses to resume a model directory with another data layout than its checkpoints': the
-    saved input-pipeline position only fits the same task, batch size and feature lengths."""
-    from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR, CheckpointManager, \
-        CorruptCheckpointError
+    saved input-pipeline position only fits the same task, batch size and feature lengths.
 
-    if not os.path.isdir(os.path.join(model_dir, CHECKPOINTS_SUBDIR)):
+    Reads the newest readable metadata file directly, not through Orbax, whose managers
+    synchronize every host when they open (hosts reach this point at different times)."""
+    from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR
+
+    directory = os.path.join(model_dir, CHECKPOINTS_SUBDIR)
+    if "://" in model_dir or not os.path.isdir(directory):
         return
-    manager = CheckpointManager(model_dir, read_only=True, async_save=False)
     saved = None
-    for step in reversed(manager.all_steps()):
+    for step in sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True):
         try:
-            saved = manager.read_metadata(step)
+            with open(os.path.join(directory, str(step), "metadata", "metadata")) as f:
+                saved = json.load(f)
             break
-        except CorruptCheckpointError:
-            continue  # the restore will report it and fall back
-    if saved is None:
+        except (OSError, ValueError):
+            continue  # damaged: the restore will report it and fall back
+    if not isinstance(saved, dict):
         return
     for key, flag in (("mixture_or_task", "MIXTURE_OR_TASK"), ("batch_size", "BATCH_SIZE"),
                       ("task_feature_lengths", "TASK_FEATURE_LENGTHS")):
