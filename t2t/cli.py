@@ -671,5 +671,23 @@ def main(argv: list[str] | None = None) -> int:
     return code if isinstance(code, int) else 0
 
 
+def console() -> None:
+    """The `t2t` console script: `main`, then an exit during which SIGTERM/SIGINT end the
+    process with the command's own status (the interpreter's shutdown after a training run can
+    take seconds; a scheduler's SIGTERM then must not turn a finished run into a killed one)."""
+    import signal
+
+    code = main()
+
+    def exit_now(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, exit_now)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

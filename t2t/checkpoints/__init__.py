@@ -1,4 +1,5 @@
-"""Checkpoints: HF transformers interop (`t2t.checkpoints.hf`); Orbax save/restore lives beside it.
+"""Checkpoints: Orbax save/restore with checksums (`manager`, `integrity`), the model-directory
+reader (`model_dir`), the one-writer lock (`lock`), averaging, and HF transformers interop (`hf`).
 
 Submodules are imported explicitly (`from t2t.checkpoints import hf`) so that using one does not
 pull in the dependencies of another.
