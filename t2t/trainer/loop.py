@@ -300,7 +300,7 @@ class Trainer:
         self._window_start = time.perf_counter()
         eval_results: dict[str, float] = {}
         try:
-            with self._signals(progress):
+            with self._signals():
                 eval_results = self._loop(num_steps, progress)
         finally:
             progress.close()
@@ -342,7 +342,7 @@ class Trainer:
     # -- signals ---------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _signals(self, progress: reporting.Progress):
+    def _signals(self):
         """SIGTERM and SIGINT ask for a checkpoint and a stop at the next step boundary."""
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers can only be set from the main thread
