@@ -5,11 +5,15 @@ postprocessed targets and predictions of a whole evaluation split. This module p
 metric the paper reports (T5_SPEC section 10), with values in percent (0-100) as the paper's
 tables show them, and the GLUE / SuperGLUE benchmark averages computed the paper's way.
 
-Conventions:
+Conventions (those of the paper's own metric code, the `t5` package's `t5.evaluation.metrics`):
 - Classification predictions come from postprocessors that map label words to class ids and
-    anything else to an invalid id (e.g. -1). An invalid prediction always counts as wrong: for
-    binary metrics it becomes the opposite of the target (a false positive on a negative example,
-    a false negative on a positive one).
+    anything else to an invalid id (e.g. -1). Accuracy counts an invalid prediction as wrong. Binary
+    F1 (and MultiRC's F1a) turns it into the opposite of the target (a false positive on a negative
+    example, a false negative on a positive one). Macro-F1 counts it as a miss of its target's
+    class. Matthews correlation keeps it as a label of its own (scikit-learn's multiclass
+    formula), as the reference does; `invalid="wrong"` gives the flip-to-wrong alternative.
+- ROUGE does not stem words by default (the reference's scorer does not); `use_stemmer=True` is
+    the alternative many summarization papers use.
 - Library metrics are used as the paper used them: scikit-learn for F1 / Matthews, scipy for
     correlations, sacrebleu for BLEU, rouge-score for ROUGE.
 """
@@ -110,9 +114,29 @@ def accuracy_and_macro_f1(
     return {**accuracy(targets, predictions), **macro_f1(targets, predictions, num_classes)}
 
 
-def matthews_corrcoef(targets: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-    """Matthews correlation of binary labels (CoLA), x100; invalid predictions count as wrong."""
-    targets, predictions = _binary_invalid_as_wrong(targets, predictions)
+MATTHEWS_INVALID = ("label", "wrong")
+
+
+def matthews_corrcoef(
+        targets: Sequence[int], predictions: Sequence[int], invalid: str = "label"
+) -> dict[str, float]:
+    """Matthews correlation (CoLA), x100.
+
+    Args:
+        invalid: what an invalid prediction (neither 0 nor 1) is. "label" (the reference's
+            behaviour, the default): a class of its own, scored with scikit-learn's multiclass
+            formula on the raw ids. "wrong": the opposite of its target, then the binary formula.
+            The two differ; e.g. targets [1, 0, 1, 0, 1, 0] and predictions [1, 0, -1, 0, 1, 1]
+            give 45.2 ("label") and 33.3 ("wrong").
+    """
+    if invalid not in MATTHEWS_INVALID:
+        raise ValueError(f"Expected invalid in {MATTHEWS_INVALID}, got {invalid!r}.")
+    if invalid == "wrong":
+        targets, predictions = _binary_invalid_as_wrong(targets, predictions)
+    else:
+        _check_lengths(targets, predictions)
+        targets = _class_ids(targets, "targets")
+        predictions = _class_ids(predictions, "predictions")
     score = sklearn.metrics.matthews_corrcoef(targets, predictions)
     return {"matthews_corrcoef": 100.0 * float(score)}
 
@@ -276,14 +300,18 @@ def _sentence_per_line(summary: str) -> str:
     return summary.replace(" . ", " .\n")
 
 
-def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
-    """ROUGE-1/2/L and summary-level L F-measure x100 (Porter stemmer), mean over examples.
+def rouge(
+        targets: Sequence[str], predictions: Sequence[str], use_stemmer: bool = False
+) -> dict[str, float]:
+    """ROUGE-1/2/L and summary-level L F-measure x100, mean over examples.
 
-    T5 aggregated with rouge-score's bootstrap aggregator and reported its middle estimate; the
-    plain mean reported here is that estimate without resampling noise.
+    Words are not stemmed by default, as in the paper's metric code; `use_stemmer=True` applies
+    the Porter stemmer ("cats" then matches "cat"), which raises scores by a few points. T5
+    aggregated with rouge-score's bootstrap aggregator and reported its middle estimate; the plain
+    mean reported here is that estimate without resampling noise.
     """
     _check_lengths(targets, predictions)
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
     totals = collections.defaultdict(float)
     for target, prediction in zip(targets, predictions):
         scores = scorer.score(_sentence_per_line(target), _sentence_per_line(prediction))

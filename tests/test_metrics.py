@@ -40,12 +40,25 @@ def test_accuracy_and_f1_has_both():
     assert set(metrics.accuracy_and_f1(TARGETS, PREDICTIONS)) == {"accuracy", "f1"}
 
 
-def test_matthews_against_sklearn():
-    got = metrics.matthews_corrcoef(TARGETS, PREDICTIONS)["matthews_corrcoef"]
+def test_matthews_invalid_as_wrong_option():
+    got = metrics.matthews_corrcoef(TARGETS, PREDICTIONS, invalid="wrong")["matthews_corrcoef"]
     expected = 100 * sklearn.metrics.matthews_corrcoef(TARGETS, PREDICTIONS_WRONG)
     assert got == pytest.approx(expected)
     # By hand: TP 3, TN 2, FP 3, FN 2 -> (6 - 6) / sqrt(...) = 0.
     assert got == pytest.approx(0.0)
+
+
+def test_matthews_keeps_invalid_as_its_own_label_like_the_reference():
+    # The t5 package scores CoLA with scikit-learn on the raw ids, so -1 is a third class.
+    targets, predictions = [1, 0, 1, 0, 1, 0], [1, 0, -1, 0, 1, 1]
+    got = metrics.matthews_corrcoef(targets, predictions)["matthews_corrcoef"]
+    # Multiclass formula by hand: c = 4 correct of s = 6; true counts (0, 3, 3) and predicted
+    # counts (1, 2, 3) over labels (-1, 0, 1): (4*6 - (0 + 6 + 9)) / sqrt((36 - 14) (36 - 18)).
+    assert got == pytest.approx(100 * 9 / math.sqrt(22 * 18))
+    wrong = metrics.matthews_corrcoef(targets, predictions, invalid="wrong")["matthews_corrcoef"]
+    assert wrong == pytest.approx(100 / 3)  # [1, 0, 0, 0, 1, 1]: TP 2, TN 2, FP 1, FN 1.
+    with pytest.raises(ValueError, match="invalid"):
+        metrics.matthews_corrcoef(targets, predictions, invalid="ignore")
 
 
 def test_macro_f1_three_classes_with_invalid():
@@ -130,18 +143,21 @@ def test_bleu_multiple_references():
         metrics.bleu([["a"], ["b", "c"]], ["a", "b"])
 
 
-def test_rouge_matches_rouge_score_mean():
+@pytest.mark.parametrize("use_stemmer", [False, True])
+def test_rouge_matches_rouge_score_mean(use_stemmer):
     targets = ["the cats are sitting on the mat .", "police said the man was arrested ."]
     predictions = ["a cat sat on the mat .", "the man was arrested by police ."]
-    got = metrics.rouge(targets, predictions)
-    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    got = (metrics.rouge(targets, predictions, use_stemmer=True) if use_stemmer
+           else metrics.rouge(targets, predictions))  # the default: no stemming, as the paper
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=use_stemmer)
     per_example = [scorer.score(t, p) for t, p in zip(targets, predictions)]
     for name in ("rouge1", "rouge2", "rougeL"):
         expected = 100 * np.mean([s[name].fmeasure for s in per_example])
         assert got[name] == pytest.approx(expected)
-    # Stemming is on: "cats" and "cat" match, so "cat on the mat" gives 4 of 7 and 6 unigrams.
-    assert got["rouge1"] > 100 * np.mean([s["rouge1"].fmeasure for s in [
-        rouge_scorer.RougeScorer(["rouge1"]).score(t, p) for t, p in zip(targets, predictions)]])
+    # rouge-score drops punctuation: 7 target and 6 predicted words. Unstemmed they share "on the
+    # mat" (F = 2 * 3 / 13); stemmed, "cats" matches "cat" too (F = 2 * 4 / 13).
+    first = got["rouge1"] * 2 / 100 - scorer.score(targets[1], predictions[1])["rouge1"].fmeasure
+    assert first == pytest.approx(8 / 13 if use_stemmer else 6 / 13)
 
 
 def test_rouge_lsum_splits_sentences():
