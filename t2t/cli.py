@@ -188,6 +188,9 @@ def _add_decoding_flags(parser) -> None:
     parser.add_argument("--beam_size", type=int,
                         help="beam width (default 4; implies --method=beam)")
     parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
+    parser.add_argument("--beam_rule", choices=("t5x", "hf"),
+                        help="which beam candidates may finish: t5x (T5X / Mesh TensorFlow, the "
+                        "paper's; default) or hf (HF transformers generate)")
     parser.add_argument("--max_decode_length", type=int,
                         help="output tokens to decode (default: the targets length)")
     parser.add_argument("--first_cache_length", type=int,
@@ -221,13 +224,21 @@ def _run_handler(function_name: str, flag_names: tuple[str, ...],
             kwargs = {**exclusive, **kwargs}
         if "beam_size" in kwargs and "method" not in kwargs:
             kwargs["method"] = "beam"
+        fields = {name: kwargs.pop(name) for name in list(kwargs) if name in _DECODING_FIELDS}
+        if fields:  # the fields not given keep their gin bindings
+            from t2t import decoding
+
+            kwargs["decoding_config"] = decoding.DecodingConfig(**fields)
         getattr(runs, function_name)(**kwargs)
 
     return handler
 
 
-_DECODING = ("batch_size", "method", "beam_size", "alpha", "max_decode_length",
+_DECODING = ("batch_size", "method", "beam_size", "alpha", "beam_rule", "max_decode_length",
              "first_cache_length", "mesh_shape", "sharding_mode", "modules")
+# Flags that are fields of `t2t.decoding.DecodingConfig`, passed to the run as one config.
+_DECODING_FIELDS = ("method", "beam_size", "alpha", "beam_rule", "max_decode_length",
+                    "min_length", "temperature", "top_k", "top_p", "seed", "first_cache_length")
 
 
 def _eval(subparsers) -> None:

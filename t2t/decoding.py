@@ -28,8 +28,10 @@ start token), EOS is 1, and positions after a sequence's EOS hold 0.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +52,67 @@ ResizeCache = Callable[[Cache, int], Cache]
 # 1.04x (greedy) and 1.06x (beam-4) faster, from 16 1.02x and 1.10x; at 256, 1.11x and 1.14-1.17x
 # from 16 or 64. Each phase adds its compile time (0.2-0.7 s here), hence not 16.
 FIRST_CACHE_LENGTH = 32
+
+METHODS = ("greedy", "beam", "sample")
+# Which beam candidates may finish (see `beam_search`): "t5x" as T5X and Mesh TensorFlow (the
+# paper's evaluation), "hf" as HF transformers `generate` (the parity tests).
+BEAM_RULES = ("t5x", "hf")
+
+
+@gin.configurable(module="t2t.decoding")
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """How to decode, passed whole from the command line down to the decoding loop.
+
+    Gin binds it as `t2t.decoding.DecodingConfig.beam_size = 4`; the CLI's decoding flags
+    override those bindings.
+
+    Attributes:
+      method: "greedy", "beam" or "sample".
+      beam_size, alpha: beam width and GNMT length penalty exponent (the paper: 4 and 0.6).
+      beam_rule: which candidates may finish a beam (`BEAM_RULES`, see `beam_search`).
+      max_decode_length: output tokens to decode; None: the batch's targets length.
+      min_length: EOS is barred before this many tokens.
+      temperature, top_k, top_p, seed: sampling (`method="sample"`).
+      first_cache_length: the self-attention cache's first phase (speed only; see above).
+    """
+
+    method: str = "greedy"
+    beam_size: int = 4
+    alpha: float = 0.6
+    beam_rule: str = "t5x"
+    max_decode_length: int | None = None
+    min_length: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    first_cache_length: int = FIRST_CACHE_LENGTH
+
+    def __post_init__(self):
+        def positive_int(name, value, allow_none=False):
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Expected {name} to be a positive int, got {value!r}.")
+
+        if self.method not in METHODS:
+            raise ValueError(f"Expected method in {METHODS}, got {self.method!r}.")
+        if self.beam_rule not in BEAM_RULES:
+            raise ValueError(f"Expected beam_rule in {BEAM_RULES}, got {self.beam_rule!r}.")
+        positive_int("beam_size", self.beam_size)
+        positive_int("first_cache_length", self.first_cache_length)
+        positive_int("max_decode_length", self.max_decode_length, allow_none=True)
+        if not self.alpha >= 0:
+            raise ValueError(f"Expected alpha >= 0, got {self.alpha!r}.")
+        if not isinstance(self.min_length, int) or self.min_length < 0:
+            raise ValueError(f"Expected min_length to be an int >= 0, got {self.min_length!r}.")
+        _validate_sampling(self.temperature, self.top_k, self.top_p, None)
+
+    @classmethod
+    def of(cls, config: DecodingConfig | None = None, **overrides) -> DecodingConfig:
+        """`config` (default: a `DecodingConfig()` with its gin bindings) with `overrides`."""
+        return dataclasses.replace(config if config is not None else cls(), **overrides)
 
 
 def cache_batch_size(cache: Cache) -> int:
@@ -510,6 +573,7 @@ def _beam_step(
     max_decode_length: int,
     eos_id: int,
     min_length: int,
+    rule: str,
 ) -> _BeamState:
     """One step of beam search: expand every live beam by every token, keep the best."""
     batch_size, beam_size = state.alive_log_probs.shape
@@ -543,11 +607,13 @@ def _beam_step(
     slots = _slots_keeping_parents(_take_beams(parents, keep))
     keep = _take_beams(keep, jnp.argsort(slots, axis=1))  # [B, K] the candidate in each slot
 
-    # Finished beams: the best K among those finished before and the candidates ending now (by
-    # EOS, or by reaching the length limit). NOTE: only the K best candidates may finish, as if
-    # the K best were selected and those ending moved aside; so width 1 with alpha 0 is greedy.
-    ended = jnp.logical_or(ended, state.step == max_decode_length - 1)
-    ended = jnp.logical_and(ended, jnp.arange(2 * beam_size) < beam_size)
+    # Finished beams: the best K among those finished before and the candidates ending now.
+    # NOTE: the "t5x" rule lets any of the 2K candidates finish, by EOS only. The "hf" rule lets
+    # only the K best finish (as if the K best were selected and those ending moved aside, so
+    # width 1 with alpha 0 is greedy), by EOS or by reaching the length limit.
+    if rule == "hf":
+        ended = jnp.logical_or(ended, state.step == max_decode_length - 1)
+        ended = jnp.logical_and(ended, jnp.arange(2 * beam_size) < beam_size)
     scores = top_log_probs / length_penalty(state.step + 1, alpha)
     scores = jnp.where(jnp.logical_and(ended, top_log_probs > NEG_INF / 2), scores, NEG_INF)
     finished_scores, pick = jax.lax.top_k(
@@ -578,13 +644,23 @@ def beam_search(
     start_tokens: jax.Array | None = None,
     resize_cache: ResizeCache | None = None,
     first_cache_length: int = FIRST_CACHE_LENGTH,
+    rule: str = "t5x",
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty (T5_SPEC section 8).
 
     A finished sequence of n tokens (its EOS included) with log-probability lp scores
-    `lp / ((5 + n) / 6) ** alpha`. Beams that reach `max_decode_length` without EOS finish there.
-    The search stops for all rows when no live beam of any row can still beat that row's K-th
-    best finished beam.
+    `lp / ((5 + n) / 6) ** alpha`. Each step ranks the 2K best continuations of the K live beams;
+    the K best of those not ending in EOS live on. Which candidates finish depends on `rule`:
+
+    - "t5x" (T5X, Mesh TensorFlow; the paper's evaluation): any of the 2K candidates ending in
+      EOS. A beam reaching `max_decode_length` without EOS does not finish; a row with no
+      finished beam at all returns its live beams, scored by log-probability without penalty.
+    - "hf" (HF transformers `generate`): only those among the K best candidates ending in EOS,
+      and every beam alive at `max_decode_length`, penalized as if it had ended there.
+
+    The two can return different beams: e.g. a short sequence ranked K+1..2K by a step finishes
+    under "t5x" only. The search stops for all rows when no live beam of any row can still beat
+    that row's K-th best finished beam.
 
     Args:
       tokens_to_logits: `(tokens [B * K, 1], cache) -> (logits [B * K, V], cache)`.
@@ -599,6 +675,7 @@ def beam_search(
       start_tokens: [B] the first token fed to the model; default PAD.
       resize_cache, first_cache_length: as for `greedy` (the cache given to `resize_cache` has
         `B * K` rows).
+      rule: "t5x" or "hf", which candidates may finish (above).
 
     Returns:
       sequences [B, K, T] int32 (zeros after EOS) and scores [B, K] float32, best first.
@@ -606,6 +683,8 @@ def beam_search(
     _validate_lengths(max_decode_length, min_length)
     if beam_size < 1 or alpha < 0:
         raise ValueError(f"Expected beam_size >= 1 and alpha >= 0, got {beam_size}, {alpha}.")
+    if rule not in BEAM_RULES:
+        raise ValueError(f"Expected rule in {BEAM_RULES}, got {rule!r}.")
     batch_size = cache_batch_size(cache)
     start = _start_tokens(start_tokens, batch_size)
     empty = jnp.full((batch_size, beam_size), NEG_INF, jnp.float32)
@@ -627,14 +706,22 @@ def beam_search(
     def body(state: _BeamState) -> _BeamState:
         return _beam_step(
             state, tokens_to_logits, alpha=alpha, max_decode_length=max_decode_length,
-            eos_id=eos_id, min_length=min_length,
+            eos_id=eos_id, min_length=min_length, rule=rule,
         )
 
     final = _run_phases(
         cond, body, initial, max_decode_length=max_decode_length, resize_cache=resize_cache,
         first_cache_length=first_cache_length,
     )
-    return final.finished_seqs, final.finished_scores
+    if rule == "hf":
+        return final.finished_seqs, final.finished_scores
+    # "t5x": a row where nothing finished returns its live beams, best first, unpenalized.
+    none_finished = jnp.all(final.finished_scores <= NEG_INF / 2, axis=1)  # [B]
+    order = jnp.argsort(-final.alive_log_probs, axis=1)
+    live_seqs = _take_beams(final.alive_seqs, order)
+    live_scores = _take_beams(final.alive_log_probs, order)
+    return (jnp.where(none_finished[:, None, None], live_seqs, final.finished_seqs),
+            jnp.where(none_finished[:, None], live_scores, final.finished_scores))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -81,8 +81,8 @@ class Evaluator:
           rank_classification: score every candidate label and predict the likeliest instead
             of decoding, for every task (True) or the named ones. A task's candidates are the
             distinct targets of the evaluated split (at most `MAX_CANDIDATES`).
-          **predictor_options: `inference.Predictor` options: batch_size, method ("greedy" or
-            "beam"), beam_size, alpha, max_decode_length.
+          **predictor_options: `inference.Predictor` options: the decoding config
+            (`t2t.decoding.DecodingConfig`, greedy or beam), batch_size.
         """
         from t2t.data import tf_setup
 

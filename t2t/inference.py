@@ -61,7 +61,8 @@ class Predictor:
     """Prediction and scoring over iterables of model-feature examples, compiled once.
 
     Example:
-      predictor = Predictor(model, batch_size=16, method="beam", beam_size=4, alpha=0.6)
+      beam = decoding.DecodingConfig(method="beam", beam_size=4, alpha=0.6)
+      predictor = Predictor(model, beam, batch_size=16)
       tokens, scores = predictor.predict(params, examples)   # a list of [T] arrays; beam scores
       log_likelihoods = predictor.score(params, examples)    # a list of floats
     """
@@ -69,43 +70,30 @@ class Predictor:
     def __init__(
         self,
         model: models.BaseModel,
+        config: decoding.DecodingConfig | None = None,
         *,
         batch_size: int = 32,
-        method: str = "greedy",
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        max_decode_length: int | None = None,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
         partitioner: Any = None,
+        **overrides,
     ):
         """
         Args:
           model: the model wrapper (`t2t.models`).
+          config: how to decode (`t2t.decoding.DecodingConfig`; default: `DecodingConfig()`
+            with its gin bindings). Its `max_decode_length` None decodes the examples' targets
+            length; its `seed` seeds sampling.
           batch_size: rows per call (the global batch with a partitioner).
-          method: "greedy", "beam" or "sample".
-          beam_size, alpha: beam width and GNMT length penalty (paper: 4 and 0.6).
-          max_decode_length: output tokens to decode; None: the examples' targets length.
-          temperature, top_k, top_p, seed: sampling (`method="sample"`).
-          first_cache_length: the self-attention cache's first phase (positions); decoding
-            longer than this grows the cache in phases (`t2t.decoding`). Speed only: the
-            tokens do not depend on it.
           partitioner: a `t2t.partitioning.Partitioner` whose shards the parameters live in;
             None runs on the default device (or wherever the parameters are).
+          **overrides: `DecodingConfig` fields replacing the config's.
         """
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-        if method not in models.METHODS:
-            raise ValueError(f"method must be one of {models.METHODS}, got {method!r}.")
-        if not isinstance(first_cache_length, int) or first_cache_length < 1:
-            raise ValueError(
-                f"first_cache_length must be a positive int, got {first_cache_length!r}.")
+        config = decoding.DecodingConfig.of(config, **overrides)
+        self.config = config
         self.model = model
         self.batch_size = batch_size
-        self.method = method
+        self.method = config.method
         self.partitioner = partitioner
         self._num_shards = 1
         if partitioner is not None:
@@ -115,15 +103,14 @@ class Predictor:
                     f"batch_size {batch_size} must be divisible by the {self._num_shards} data "
                     "shards (hosts) of the partitioner."
                 )
-        self._rng = jax.random.PRNGKey(seed)
-        self.max_decode_length = max_decode_length
-        options = dict(method=method, beam_size=beam_size, alpha=alpha, temperature=temperature,
-                       top_k=top_k, top_p=top_p, first_cache_length=first_cache_length)
+        self._rng = jax.random.PRNGKey(config.seed)
+        self.max_decode_length = config.max_decode_length
+        method = config.method
 
         def predict(params, batch, rng, max_decode_length):
             extra = {"rng": rng} if method == "sample" else {}
             tokens, aux = model.predict_batch_with_aux(
-                params, batch, max_decode_length=max_decode_length, **options, **extra)
+                params, batch, config, max_decode_length=max_decode_length, **extra)
             return tokens, aux.get("scores")
 
         def score(params, batch):  # an ensemble's score: the mean of its members'
@@ -559,8 +546,7 @@ def infer(
         and counted.
       num_examples: at most this many examples (per task).
       partitioner: a `t2t.partitioning.Partitioner` to run sharded.
-      **predictor_options: `Predictor` options (batch_size, method, beam_size, alpha,
-        max_decode_length, temperature, top_k, top_p, seed).
+      **predictor_options: `Predictor` options (the decoding config, batch_size).
 
     Returns:
       The number of records written.

@@ -10,7 +10,8 @@ differentiate them; the optimizer stays outside.
     model = EncoderDecoderModel(t2t.nn.get_preset("t5_small"))
     params = model.init_params(jax.random.PRNGKey(0))
     loss, metrics = jax.jit(model.loss_fn)(params, batch, dropout_rng)
-    tokens = jax.jit(functools.partial(model.predict_batch, method="beam"))(params, batch)
+    beam = t2t.decoding.DecodingConfig(method="beam", beam_size=4, alpha=0.6)
+    tokens = jax.jit(functools.partial(model.predict_batch, config=beam))(params, batch)
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from t2t import decoding, losses
 from t2t import nn as t2t_nn
 
 Batch = Mapping[str, jax.Array]
-METHODS = ("greedy", "beam", "sample")
 # Decoding steps with this many rows (inclusive range) multiply kernel first on the CPU by
 # default: a T5-small decode measured 1.35-1.59x faster at 4-16 rows, 1.18-1.22x at 32, but
 # 0.96x at 64 (beam-4 of 16 inputs) and 0.95-0.98x at one row (`benchmarks/kernel_first_bench.py`).
@@ -208,25 +208,16 @@ class BaseModel:
         self,
         params: nnx.State | Sequence[nnx.State],
         batch: Batch,
+        config: decoding.DecodingConfig | None = None,
         *,
-        method: str = "greedy",
-        max_decode_length: int | None = None,
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
         rng: jax.Array | None = None,
-        min_length: int = 0,
-        first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
+        **overrides,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Decodes a batch; see `predict_batch`. Beam search adds to aux `scores` [B] (the best
         beam's), `beams` [B, K, T] and `beam_scores` [B, K]."""
-        if method not in METHODS:
-            raise ValueError(f"Expected method in {METHODS}, got {method!r}.")
-        if max_decode_length is None:
-            max_decode_length = self._default_length(batch)
-        rows = self._batch_size(batch) * (beam_size if method == "beam" else 1)
+        config = decoding.DecodingConfig.of(config, **overrides)
+        max_decode_length = config.max_decode_length or self._default_length(batch)
+        rows = self._batch_size(batch) * (config.beam_size if config.method == "beam" else 1)
         tokens_to_logits, cache, start = self._setup_maybe_ensemble(
             params, batch, max_decode_length, self.uses_kernel_first_steps(rows)
         )
@@ -235,24 +226,25 @@ class BaseModel:
         def resize_cache(cache, steps: int):
             return t2t_nn.resize_cache(cache, offset + steps)
 
-        common = dict(max_decode_length=max_decode_length, min_length=min_length,
+        common = dict(max_decode_length=max_decode_length, min_length=config.min_length,
                       start_tokens=start, resize_cache=resize_cache,
-                      first_cache_length=first_cache_length)
-        if method == "greedy":
+                      first_cache_length=config.first_cache_length)
+        if config.method == "greedy":
             return decoding.greedy(tokens_to_logits, cache, **common), {}
-        if method == "sample":
+        if config.method == "sample":
             if rng is None:
                 raise ValueError("method='sample' needs rng, a PRNG key.")
-            tokens = decoding.sample(tokens_to_logits, cache, rng, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, **common)
+            tokens = decoding.sample(tokens_to_logits, cache, rng, temperature=config.temperature,
+                                     top_k=config.top_k, top_p=config.top_p, **common)
             return tokens, {}
         beams, scores = decoding.beam_search(
-            tokens_to_logits, cache, beam_size=beam_size, alpha=alpha, **common
+            tokens_to_logits, cache, beam_size=config.beam_size, alpha=config.alpha,
+            rule=config.beam_rule, **common
         )
         return beams[:, 0], {"scores": scores[:, 0], "beams": beams, "beam_scores": scores}
 
     def predict_batch(self, params: nnx.State | Sequence[nnx.State], batch: Batch,
-                      **kwargs) -> jax.Array:
+                      config: decoding.DecodingConfig | None = None, **kwargs) -> jax.Array:
         """Decodes a batch: -> [B, T] int32 output tokens (EOS-terminated, zeros after).
 
         Args:
@@ -260,15 +252,13 @@ class BaseModel:
             decode as an ensemble (logits averaged before the softmax, paper section 3.6).
           batch: model features; encoder-decoder uses `encoder_input_tokens`, decoder-only the
             prompt in `decoder_input_tokens` with `decoder_causal_attention` marking it.
-          **kwargs: `method` ("greedy", "beam" or "sample"), `max_decode_length` (default: the
-            batch's target length), `beam_size`, `alpha` (beam search, defaults 4 and 0.6 as in
-            the paper), `temperature`, `top_k`, `top_p`, `rng` (sampling), `min_length`, and
-            `first_cache_length` (default 32): decoding longer than this runs in phases of a
-            growing self-attention cache (32, 64, 128, ... positions; see `t2t.decoding`), so
-            a step reads only as many cached positions as its phase needs. The tokens do not
-            change.
+          config: a `t2t.decoding.DecodingConfig` (method, beam size and rule, lengths,
+            sampling; default: `DecodingConfig()` with its gin bindings). Decoding longer than
+            its `first_cache_length` runs in phases of a growing self-attention cache (see
+            `t2t.decoding`); the tokens do not change.
+          **kwargs: `rng` (sampling), and fields of `DecodingConfig` replacing the config's.
         """
-        return self.predict_batch_with_aux(params, batch, **kwargs)[0]
+        return self.predict_batch_with_aux(params, batch, config, **kwargs)[0]
 
     def _setup_maybe_ensemble(self, params, batch, max_decode_length, kernel_first):
         if isinstance(params, nnx.State):

@@ -449,11 +449,7 @@ def evaluate(
     all_steps: bool = False,
     split: str = "validation",
     batch_size: int = 32,
-    method: str = "greedy",
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_decode_length: int | None = None,
-    first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
+    decoding_config: decoding.DecodingConfig | None = None,
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     output_file: str | None = None,
@@ -473,9 +469,9 @@ def evaluate(
       step: evaluate this step; steps: these steps; all_steps: every saved step; none of
         them: the latest step.
       split: the split to evaluate.
-      batch_size, method, beam_size, alpha, max_decode_length: decoding (greedy by default;
-        beam 4 with alpha 0.6 as in the paper).
-      first_cache_length: the self-attention cache's first phase (speed only; `t2t.decoding`).
+      batch_size: rows per decoding batch.
+      decoding_config: how to decode (`t2t.decoding.DecodingConfig`, default greedy; the
+        paper's beam is `method="beam", beam_size=4, alpha=0.6`).
       task_feature_lengths: cut examples to these lengths (default: no cut).
       num_examples: at most this many examples per task.
       output_file: results JSON (default `<model_dir>/eval/results.json`).
@@ -506,8 +502,7 @@ def evaluate(
         rank_classification = _names(rank_classification, "evaluate.rank_classification")
     options = dict(split=split, task_feature_lengths=task_feature_lengths,
                    num_examples=num_examples, rank_classification=rank_classification,
-                   batch_size=batch_size, method=method, beam_size=beam_size, alpha=alpha,
-                   max_decode_length=max_decode_length, first_cache_length=first_cache_length)
+                   batch_size=batch_size, config=decoding_config)
     if checkpoints is not None:
         if choices:
             raise ValueError("An ensemble names its members in checkpoints; drop step, steps "
@@ -531,11 +526,7 @@ def seqio_evaluator(
     model_dir: str | None = None,
     split: str = "validation",
     batch_size: int = 32,
-    method: str = "greedy",
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_decode_length: int | None = None,
-    first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
+    decoding_config: decoding.DecodingConfig | None = None,
     task_feature_lengths: dict[str, int] | None = None,
     num_examples: int | None = None,
     log_predictions: bool = False,
@@ -555,9 +546,7 @@ def seqio_evaluator(
         model, names, split=split, task_feature_lengths=task_feature_lengths,
         num_examples=num_examples, log_predictions=log_predictions,
         log_dir=os.path.join(model_dir, "eval") if model_dir else None, partitioner=partitioner,
-        batch_size=batch_size, method=method, beam_size=beam_size, alpha=alpha,
-        max_decode_length=max_decode_length, first_cache_length=first_cache_length,
-        rank_classification=rank_classification,
+        batch_size=batch_size, config=decoding_config, rank_classification=rank_classification,
     )
 
 
@@ -577,15 +566,7 @@ def infer(
     split: str = "validation",
     vocabulary_file: str | None = None,
     batch_size: int = 32,
-    method: str = "greedy",
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_decode_length: int | None = None,
-    first_cache_length: int = decoding.FIRST_CACHE_LENGTH,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
+    decoding_config: decoding.DecodingConfig | None = None,
     inputs_length: int | None = None,
     targets_length: int | None = None,
     num_examples: int | None = None,
@@ -604,8 +585,8 @@ def infer(
       checkpoints: an ensemble (logits averaged): steps of model_dir and/or other model
         directories (DIR or DIR@STEP), as a list or a comma-separated string.
       vocabulary_file: a SentencePiece model overriding the checkpoint's (files only).
-      batch_size, method, beam_size, alpha, max_decode_length, temperature, top_k, top_p,
-        seed, first_cache_length: decoding options of `t2t.inference.Predictor`.
+      batch_size: rows per decoding batch.
+      decoding_config: how to decode (`t2t.decoding.DecodingConfig`; default greedy).
       inputs_length, targets_length: feature lengths (default: the longest example).
       num_examples: at most this many examples (per task).
       modules: task registration modules to import.
@@ -626,9 +607,7 @@ def infer(
         checkpoints=list(checkpoints), step=step, split=split, vocabulary_file=vocabulary_file,
         inputs_length=inputs_length, targets_length=targets_length, num_examples=num_examples,
         partitioner=_partitioner(mesh_shape, sharding_mode), batch_size=batch_size,
-        method=method, beam_size=beam_size, alpha=alpha, max_decode_length=max_decode_length,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        first_cache_length=first_cache_length,
+        config=decoding_config,
     )
     print(f"wrote {count} records to {output_file}")
     return count

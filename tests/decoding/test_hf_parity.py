@@ -54,7 +54,7 @@ def test_beam4_matches_hf_with_no_length_penalty(hf_t5, inputs):
     hf_beams = out.sequences.numpy()[:, 1:].reshape(BATCH, 4, -1)
     hf_scores = out.sequences_scores.numpy().reshape(BATCH, 4)
     predict = jax.jit(functools.partial(
-        model.predict_batch_with_aux, method="beam", beam_size=4, alpha=0.0,
+        model.predict_batch_with_aux, method="beam", beam_size=4, alpha=0.0, beam_rule="hf",
         max_decode_length=DECODE_LENGTH,
     ))
     _, aux = predict(params, {"encoder_input_tokens": jnp.asarray(inputs)})

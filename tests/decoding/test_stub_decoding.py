@@ -129,12 +129,62 @@ def test_beam_search_rows_finishing_at_different_steps_default_alpha():
     assert len(calls) < 20  # Stopped before the length limit.
 
 
-def test_beam_search_unfinished_beams_end_at_the_length_limit():
+def test_beam_search_unfinished_beams_end_at_the_length_limit_under_the_hf_rule():
     seqs, scores = decoding.beam_search(
-        _markov(_table(ROWS)), _cache(2), beam_size=2, max_decode_length=2, alpha=0.6
+        _markov(_table(ROWS)), _cache(2), beam_size=2, max_decode_length=2, alpha=0.6, rule="hf"
     )
     np.testing.assert_array_equal(seqs[1, 0], [A, B])  # No EOS within 2 tokens.
     assert scores[1, 0] == pytest.approx(2 * math.log(0.9) / (7 / 6) ** 0.6, abs=1e-4)
+
+
+def test_t5x_rule_finishes_by_eos_only_and_falls_back_to_live_beams():
+    # Width 1 ranks 2 candidates a step. Row 1 never has EOS among them within 2 tokens, so
+    # nothing finishes and its live beam A B comes back with its log-probability, unpenalized.
+    # Row 0: [EOS] (0.45) finishes at step 0 as the second candidate; A EOS (0.55 x 0.8) beats
+    # it once penalized: log .44 / (7/6)^0.6 = -0.748 > log .45 = -0.799.
+    seqs, scores = decoding.beam_search(
+        _markov(_table(ROWS)), _cache(2), beam_size=1, max_decode_length=2, alpha=0.6
+    )
+    np.testing.assert_array_equal(seqs[:, 0], [[A, EOS], [A, B]])
+    np.testing.assert_allclose(
+        scores[:, 0], [math.log(0.44) / (7 / 6) ** 0.6, 2 * math.log(0.9)], atol=1e-4)
+    hf_seqs, hf_scores = decoding.beam_search(
+        _markov(_table(ROWS)), _cache(2), beam_size=1, max_decode_length=2, alpha=0.6, rule="hf"
+    )
+    np.testing.assert_array_equal(hf_seqs[:, 0], [[A, EOS], [A, B]])
+    assert hf_scores[1, 0] == pytest.approx(2 * math.log(0.9) / (7 / 6) ** 0.6, abs=1e-4)
+
+
+def test_t5x_rule_lets_any_of_the_2k_candidates_finish():
+    # Width 1, alpha 0: step 0 ranks A (0.6) over EOS (0.4). Under the T5X rule the second
+    # candidate [EOS] finishes (log .4), and the live A EOS (0.6 x 0.6 = .36) cannot beat it.
+    # Under the HF rule only the best candidate may finish: A EOS, which greedy decoding takes.
+    rows = [{PAD: {A: 0.6, EOS: 0.4}, A: {EOS: 0.6, B: 0.4}, B: {EOS: 1.0}}]
+    t5x = decoding.beam_search(_markov(_table(rows)), _cache(1), beam_size=1,
+                               max_decode_length=4, alpha=0.0, rule="t5x")
+    hf = decoding.beam_search(_markov(_table(rows)), _cache(1), beam_size=1,
+                              max_decode_length=4, alpha=0.0, rule="hf")
+    greedy = decoding.greedy(_markov(_table(rows)), _cache(1), max_decode_length=4)
+    np.testing.assert_array_equal(t5x[0][0, 0], [EOS, 0, 0, 0])
+    assert t5x[1][0, 0] == pytest.approx(math.log(0.4), abs=1e-4)
+    np.testing.assert_array_equal(hf[0][0, 0], [A, EOS, 0, 0])
+    assert hf[1][0, 0] == pytest.approx(math.log(0.36), abs=1e-4)
+    np.testing.assert_array_equal(greedy[0], hf[0][0, 0])
+    with pytest.raises(ValueError, match="rule"):
+        decoding.beam_search(_markov(_table(rows)), _cache(1), beam_size=1,
+                             max_decode_length=4, rule="mesh")
+
+
+def test_decoding_config_validates_and_overrides():
+    config = decoding.DecodingConfig(method="beam", beam_size=3)
+    assert decoding.DecodingConfig.of(config, alpha=0.0) == decoding.DecodingConfig(
+        method="beam", beam_size=3, alpha=0.0)
+    assert decoding.DecodingConfig().beam_rule == "t5x"
+    for bad in (dict(method="nucleus"), dict(beam_rule="mesh"), dict(beam_size=0),
+                dict(first_cache_length=0), dict(max_decode_length=-1), dict(alpha=-1.0),
+                dict(top_p=0.0), dict(min_length=-2)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            decoding.DecodingConfig(**bad)
 
 
 def test_beam_search_keeps_shared_cache_entries_at_one_copy_per_input():
@@ -236,7 +286,7 @@ def test_decoding_in_phases_of_a_growing_cache_equals_one_phase(method):
                                   **kwargs)
         else:
             out = decoding.beam_search(fn, cache, beam_size=3, max_decode_length=9, alpha=0.6,
-                                       **kwargs)
+                                       rule="hf", **kwargs)
         return out, lengths
 
     (one, one_lengths), (phased, phased_lengths) = (
@@ -265,11 +315,12 @@ def test_decoding_in_phases_stops_once_every_row_has_ended():
     np.testing.assert_array_equal((outputs[0] == EOS).argmax(axis=1), [2, 4, 6])
 
 
-def test_beam_width_one_alpha_zero_is_greedy():
+def test_beam_width_one_alpha_zero_is_greedy_under_the_hf_rule():
     for seed in range(3):
         fn, cache = _random_tokens_to_logits(seed)
         greedy = decoding.greedy(fn, cache, max_decode_length=10)
-        seqs, _ = decoding.beam_search(fn, cache, beam_size=1, max_decode_length=10, alpha=0.0)
+        seqs, _ = decoding.beam_search(fn, cache, beam_size=1, max_decode_length=10, alpha=0.0,
+                                       rule="hf")
         np.testing.assert_array_equal(seqs[:, 0], greedy)
 
 
@@ -365,7 +416,8 @@ def test_ensemble_averages_logits_before_softmax():
     np.testing.assert_allclose(logits[0], (first + second) / 2)
     assert isinstance(new, tuple) and len(new) == 2
     np.testing.assert_array_equal(decoding.greedy(fn, caches, max_decode_length=1), [[B], [B]])
-    seqs, _ = decoding.beam_search(fn, caches, beam_size=2, max_decode_length=1, alpha=0.0)
+    seqs, _ = decoding.beam_search(fn, caches, beam_size=2, max_decode_length=1, alpha=0.0,
+                                   rule="hf")
     np.testing.assert_array_equal(seqs[:, 0, 0], [B, B])
 
 

@@ -74,7 +74,7 @@ def test_infer_first_cache_length_reaches_the_predictor(model_dir, model, params
             f"--input_file={source}", f"--output_file={output}", "--batch_size=2",
             f"--max_decode_length={LENGTH}"]
     assert cli.main(args + ["--first_cache_length=0"]) == 2
-    assert "first_cache_length must be a positive int, got 0" in capsys.readouterr().err
+    assert "Expected first_cache_length to be a positive int, got 0" in capsys.readouterr().err
     # Phases of 2, 4 and 6 cached positions: the same tokens as decoding without a cache.
     assert cli.main(args + ["--first_cache_length=2"]) == 0
     records = [json.loads(line) for line in output.read_text().splitlines()]
@@ -196,3 +196,16 @@ def test_sharded_prediction_equals_single_device(model_dir, predictor, vocabular
     single, _ = model_dir_lib.load_members(model_dir, step=10)
     assert (inference.predict_examples(sharded, params, vocabulary, examples)
             == inference.predict_examples(predictor, single.params, vocabulary, examples))
+
+
+def test_decoding_flags_reach_the_run_as_one_config(monkeypatch, tmp_path):
+    from t2t import decoding, runs
+
+    seen = {}
+    monkeypatch.setattr(runs, "infer", lambda **kwargs: seen.update(kwargs))
+    assert cli.main(["infer", f"--model_dir={tmp_path}", "--input_file=in.jsonl",
+                     "--output_file=out.jsonl", "--beam_size=3", "--beam_rule=hf",
+                     "--top_k=5", "--batch_size=2"]) == 0
+    assert seen["decoding_config"] == decoding.DecodingConfig(
+        method="beam", beam_size=3, beam_rule="hf", top_k=5)
+    assert seen["batch_size"] == 2 and "beam_size" not in seen
