@@ -52,9 +52,12 @@ def feature_converter(model: models.BaseModel) -> seqio.FeatureConverter:
     decoding reads the prompt length from it), and the loss weights cover the targets only, so a
     score is log p(targets | inputs) for either architecture.
     """
+    from t2t.data import features
+
     if model.config.is_decoder_only:
-        return seqio.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=True)
-    return seqio.EncDecFeatureConverter(pack=False)
+        return features.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=True,
+                                                 count_trimmed=True)
+    return features.EncDecFeatureConverter(pack=False, count_trimmed=True)
 
 
 class Predictor:

@@ -12,6 +12,14 @@ The paper's Table 2 architectures read different features:
 Packing is greedy and order-preserving: an example joins the current row only if all of its
 features fit.
 
+Over-length examples are trimmed, not refused: seqio's converters assert that every task feature
+fits its length (seqio trims earlier, in `Task.get_dataset`), so examples that reach a converter
+untrimmed (a dataset built by hand, a task read with `trim_output_features=False`) failed with a
+tf.data assertion. t2t's converters cut each feature to its length first, as seqio's
+`trim_and_pack` would, and with `count_trimmed=True` count the examples cut (`trimmed`) and say so
+once. Counting is off where the data iterator is checkpointed (training): a counter is state that
+tf.data cannot save with the iterator.
+
 Worked example (T5_SPEC section 5), encoder-decoder, packed, lengths inputs 10 / targets 7:
   inputs [7,8,5,1], [8,4,9,3,1]; targets [3,9,1], [4,1] ->
   encoder_input_tokens  [7,8,5,1,8,4,9,3,1,0]   encoder_segment_ids [1,1,1,1,2,2,2,2,2,0]
@@ -23,6 +31,7 @@ Worked example (T5_SPEC section 5), encoder-decoder, packed, lengths inputs 10 /
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 import seqio
@@ -31,7 +40,61 @@ import tensorflow as tf
 ARCHITECTURES = ("encoder_decoder", "encoder_decoder_shared", "decoder_only", "prefix_lm")
 
 
-class CausalConcatFeatureConverter(seqio.PrefixLMFeatureConverter):
+def trim_to_lengths(
+    dataset: tf.data.Dataset, lengths: Mapping[str, int], counter: tf.Variable | None = None
+) -> tf.data.Dataset:
+    """Cuts each feature named in `lengths` to its length; counts cut examples in `counter`."""
+
+    def trim(example):
+        example = dict(example)
+        cut = tf.constant(False)
+        for name, length in lengths.items():
+            if name in example and length is not None:
+                cut = tf.logical_or(cut, tf.shape(example[name])[0] > length)
+                example[name] = example[name][:length]
+        if counter is not None:
+            tf.cond(cut, lambda: counter.assign_add(1), lambda: tf.identity(counter))
+        return example
+
+    return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+class _TrimsFirst:
+    """Mixin for seqio converters: over-length examples are trimmed (see the module doc)."""
+
+    def __init__(self, *args, count_trimmed: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._counter = tf.Variable(0, dtype=tf.int64, trainable=False) if count_trimmed else None
+        self._reported = False
+
+    @property
+    def trimmed(self) -> int:
+        """How many examples this converter has cut so far (0 unless `count_trimmed`)."""
+        count = 0 if self._counter is None else int(self._counter.numpy())
+        if count and not self._reported:
+            self._reported = True
+            print(f"note: {count} example(s) longer than the feature lengths were trimmed to fit "
+                  "(as seqio's trim_and_pack does).", file=sys.stderr)
+        return count
+
+    def __call__(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]):
+        return super().__call__(trim_to_lengths(ds, task_feature_lengths, self._counter),
+                                task_feature_lengths)
+
+
+class EncDecFeatureConverter(_TrimsFirst, seqio.EncDecFeatureConverter):
+    """seqio's encoder-decoder converter, trimming over-length examples."""
+
+
+class LMFeatureConverter(_TrimsFirst, seqio.LMFeatureConverter):
+    """seqio's language-model converter, trimming over-length examples."""
+
+
+class PrefixLMFeatureConverter(_TrimsFirst, seqio.PrefixLMFeatureConverter):
+    """seqio's prefix-LM converter, trimming over-length examples."""
+
+
+class CausalConcatFeatureConverter(PrefixLMFeatureConverter):
     """Inputs and targets as one causally masked decoder sequence (the paper's "LM" row).
 
     Identical to seqio's prefix-LM conversion except that no `decoder_causal_attention` feature
@@ -62,6 +125,7 @@ def feature_converter(
     has_inputs: bool = True,
     pack: bool = True,
     loss_on_targets_only: bool = True,
+    count_trimmed: bool = False,
 ) -> seqio.FeatureConverter:
     """The feature converter for `architecture` on a task with or without an `inputs` feature.
 
@@ -71,6 +135,7 @@ def feature_converter(
       pack: pack several examples per row (training) or pad each one (evaluation).
       loss_on_targets_only: for decoder-only architectures on an inputs/targets task, whether the
         loss skips the input part of the concatenated sequence.
+      count_trimmed: count the over-length examples trimmed (not where the iterator is saved).
 
     Raises:
       ValueError: for an unknown architecture, or an encoder-decoder with no inputs.
@@ -83,12 +148,11 @@ def feature_converter(
                 f"Architecture {architecture!r} needs tasks with an 'inputs' feature; this task has "
                 "only 'targets'. Use a denoising or prefix objective, or a decoder-only architecture."
             )
-        return seqio.EncDecFeatureConverter(pack=pack)
+        return EncDecFeatureConverter(pack=pack, count_trimmed=count_trimmed)
     if not has_inputs:
-        return seqio.LMFeatureConverter(pack=pack)
-    if architecture == "prefix_lm":
-        return seqio.PrefixLMFeatureConverter(loss_on_targets_only=loss_on_targets_only, pack=pack)
-    return CausalConcatFeatureConverter(loss_on_targets_only=loss_on_targets_only, pack=pack)
+        return LMFeatureConverter(pack=pack, count_trimmed=count_trimmed)
+    cls = PrefixLMFeatureConverter if architecture == "prefix_lm" else CausalConcatFeatureConverter
+    return cls(loss_on_targets_only=loss_on_targets_only, pack=pack, count_trimmed=count_trimmed)
 
 
 def task_has_inputs(provider: seqio.Task | seqio.Mixture) -> bool:

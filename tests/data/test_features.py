@@ -74,7 +74,7 @@ def test_decoder_only_concatenates_under_a_causal_mask():
 @pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm"])
 def test_targets_only_task_uses_the_lm_converter(architecture):
     converter = features.feature_converter(architecture, has_inputs=False)
-    assert type(converter) is seqio.LMFeatureConverter
+    assert isinstance(converter, seqio.LMFeatureConverter)
     examples = [{"targets": [3, 9, 1]}, {"targets": [4, 1]}]
     (row,) = _convert(converter, examples, {"targets": 6})
     assert row["decoder_target_tokens"] == [3, 9, 1, 4, 1, 0]
@@ -97,3 +97,24 @@ def test_bad_architecture_and_missing_inputs():
         features.feature_converter("encoder_only")
     with pytest.raises(ValueError, match="needs tasks with an 'inputs' feature"):
         features.feature_converter("encoder_decoder", has_inputs=False)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize("architecture", ["encoder_decoder", "prefix_lm"])
+def test_over_length_examples_are_trimmed_and_counted_not_refused(architecture, pack, capsys):
+    # seqio's own converter refuses an example longer than its lengths (a tf.data assertion).
+    lengths = {"inputs": 4, "targets": 2}
+    seqio_cls = (seqio.EncDecFeatureConverter if architecture == "encoder_decoder"
+                 else seqio.PrefixLMFeatureConverter)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input_validation"):
+        _convert(seqio_cls(pack=pack), EXAMPLES, lengths)
+    converter = features.feature_converter(architecture, pack=pack, count_trimmed=True)
+    rows = _convert(converter, EXAMPLES, lengths)
+    # The same rows as seqio's converter on examples cut by hand (trim_and_pack's cut).
+    cut = [{k: v[:lengths[k]] for k, v in e.items()} for e in EXAMPLES]
+    assert rows == _convert(seqio_cls(pack=pack), cut, lengths)
+    assert converter.trimmed == 2  # both examples were over length
+    assert "2 example(s) longer than the feature lengths were trimmed" in capsys.readouterr().err
+    assert converter.trimmed == 2 and capsys.readouterr().err == ""  # reported once
+    quiet = features.feature_converter(architecture, pack=pack)  # the training pipeline's
+    assert _convert(quiet, EXAMPLES, lengths) == rows and quiet.trimmed == 0
