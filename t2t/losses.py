@@ -7,20 +7,27 @@ Worked example (tested): logits [[0, ln 3]] over a vocabulary of 2 and target 1 
 logsumexp = ln 4, cross-entropy = ln 4 - ln 3 = 0.2877 and, with z_loss = 1e-4, a z term of
 1e-4 * (ln 4)^2 = 1.922e-4. Two such tokens with weights [1, 0] and
 `loss_normalizing_factor="num_total_target_tokens"` give (0.2877 + 1.922e-4) / 2.
+
+Label smoothing (T5X's `label_smoothing`): the target distribution puts `1 - s` on the label and
+`s / (V - 1)` on every other token; the loss is its cross-entropy minus that distribution's own
+entropy, so a perfect prediction of the smoothed distribution scores 0. "average_per_sequence"
+(T5X's `AVERAGE_PER_SEQUENCE`) weighs each sequence (each packed segment) equally: a token's
+weight is divided by its sequence's weight total, and the sum by the number of sequences.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-NORMALIZING_MODES = ("num_real_target_tokens", "num_total_target_tokens")
+NORMALIZING_MODES = ("num_real_target_tokens", "num_total_target_tokens", "average_per_sequence")
 # The aux key of a batch-dependent loss denominator (`t2t.optim.LOSS_DENOMINATOR` is the same).
 LOSS_DENOMINATOR = "loss_denominator"
 
 
 def cross_entropy_with_z_loss(
-    logits: jax.Array, targets: jax.Array, z_loss: float = 0.0
+    logits: jax.Array, targets: jax.Array, z_loss: float = 0.0, label_smoothing: float = 0.0
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token cross-entropy plus `z_loss * logsumexp(logits)**2`.
 
@@ -28,6 +35,8 @@ def cross_entropy_with_z_loss(
       logits: [B, T, V] (any float dtype; computed in float32).
       targets: [B, T] int labels in [0, V).
       z_loss: coefficient of the squared log-partition penalty (T5 uses 1e-4).
+      label_smoothing: s in [0, 1): the smoothed targets' cross-entropy minus their entropy
+        (the module doc); 0 is the plain cross-entropy.
 
     Returns:
       (loss [B, T], z_loss [B, T]) float32; `loss` already includes the z term.
@@ -40,7 +49,16 @@ def cross_entropy_with_z_loss(
     log_z = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) + shift[..., 0]  # [B, T]
     target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)
     z_term = z_loss * jnp.square(log_z)  # [B, T]
-    return log_z - target_logits[..., 0] + z_term, z_term
+    if not label_smoothing:
+        return log_z - target_logits[..., 0] + z_term, z_term
+    if not 0 < label_smoothing < 1:
+        raise ValueError(f"Expected 0 <= label_smoothing < 1, got {label_smoothing!r}.")
+    vocab = logits.shape[-1]
+    on, off = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+    # sum_v q_v logit_v without a one-hot [B, T, V]: off on every token, on - off more on the label.
+    expected_logit = off * jnp.sum(logits, axis=-1) + (on - off) * target_logits[..., 0]
+    entropy = -(on * np.log(on) + (vocab - 1) * off * np.log(off + 1e-20))
+    return log_z - expected_logit - entropy + z_term, z_term
 
 
 def loss_normalizing_factor_value(
@@ -51,7 +69,9 @@ def loss_normalizing_factor_value(
     Args:
       loss_normalizing_factor: None (the sum itself, factor 1), a constant (e.g. 233472 =
         2048 x 114 when fine-tuning T5's released checkpoints), "num_real_target_tokens" (the sum
-        of the loss weights) or "num_total_target_tokens" (B * T, padding included).
+        of the loss weights), "num_total_target_tokens" (B * T, padding included) or
+        "average_per_sequence" (the weights must already be `per_sequence_weights`: their sum,
+        the number of sequences).
       targets: [B, T].
       weights: [B, T].
 
@@ -61,7 +81,7 @@ def loss_normalizing_factor_value(
     if loss_normalizing_factor is None:
         return 1.0
     if isinstance(loss_normalizing_factor, str):
-        if loss_normalizing_factor == "num_real_target_tokens":
+        if loss_normalizing_factor in ("num_real_target_tokens", "average_per_sequence"):
             return jnp.sum(weights, dtype=jnp.float32)
         if loss_normalizing_factor == "num_total_target_tokens":
             return float(targets.size)
@@ -77,6 +97,27 @@ def loss_normalizing_factor_value(
     return float(loss_normalizing_factor)
 
 
+def per_sequence_weights(weights: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    """Each token's weight divided by its sequence's total: every sequence then sums to 1.
+
+    Args:
+      weights: [B, T] loss weights.
+      segment_ids: [B, T] packed segment ids (0 = padding); None: one sequence per row.
+    """
+    weights = weights.astype(jnp.float32)
+    if segment_ids is None:
+        totals = jnp.sum(weights, axis=-1, keepdims=True)
+    else:
+        length = weights.shape[-1]
+
+        def row_totals(w, ids):
+            sums = jax.ops.segment_sum(w, ids, num_segments=length + 1)
+            return sums[ids]
+
+        totals = jax.vmap(row_totals)(weights, segment_ids.astype(jnp.int32))
+    return jnp.where(totals > 0, weights / jnp.where(totals > 0, totals, 1.0), 0.0)
+
+
 def compute_weighted_loss(
     logits: jax.Array,
     targets: jax.Array,
@@ -84,6 +125,8 @@ def compute_weighted_loss(
     *,
     z_loss: float = 1e-4,
     loss_normalizing_factor: None | float | str = None,
+    label_smoothing: float = 0.0,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The batch loss: weighted sum of per-token losses divided by the normalizing factor.
 
@@ -93,6 +136,8 @@ def compute_weighted_loss(
       weights: [B, T] loss weights (seqio's `decoder_loss_weights`); None means `targets > 0`.
       z_loss: z-loss coefficient.
       loss_normalizing_factor: see `loss_normalizing_factor_value`.
+      label_smoothing: see `cross_entropy_with_z_loss`.
+      segment_ids: [B, T] packed segment ids, for "average_per_sequence" on packed rows.
 
     Returns:
       (loss scalar, aux). Every aux value adds up over microbatches (the contract of
@@ -101,7 +146,9 @@ def compute_weighted_loss(
       `weight_sum`. When the factor depends on the batch ("num_real_target_tokens",
       "num_total_target_tokens") aux also holds it as `loss_denominator`; a constant factor (or
       None) is left out, as it does not add up. Ratios (mean z-loss, loss per token) are derived
-      from these sums by whoever reports them.
+      from these sums by whoever reports them. Under "average_per_sequence" the loss uses the
+      per-sequence weights and `loss_denominator` counts sequences, while the three sums keep
+      the token weights, so per-token ratios keep their meaning.
     """
     if logits.shape[:-1] != targets.shape:
         raise ValueError(
@@ -113,12 +160,15 @@ def compute_weighted_loss(
     elif weights.shape != targets.shape:
         raise ValueError(f"weights {weights.shape} must match targets {targets.shape}.")
     weights = weights.astype(jnp.float32)
-    token_loss, token_z = cross_entropy_with_z_loss(logits, targets, z_loss)
-    factor = loss_normalizing_factor_value(loss_normalizing_factor, targets, weights)
-    loss_sum = jnp.sum(token_loss * weights)
+    token_loss, token_z = cross_entropy_with_z_loss(logits, targets, z_loss, label_smoothing)
+    loss_weights = weights
+    if loss_normalizing_factor == "average_per_sequence":
+        loss_weights = per_sequence_weights(weights, segment_ids)
+    factor = loss_normalizing_factor_value(loss_normalizing_factor, targets, loss_weights)
+    loss_sum = jnp.sum(token_loss * loss_weights)
     z_loss_sum = jnp.sum(token_z * weights)
     aux = {
-        "cross_ent_sum": loss_sum - z_loss_sum,
+        "cross_ent_sum": jnp.sum(token_loss * weights) - z_loss_sum,
         "z_loss_sum": z_loss_sum,
         "weight_sum": jnp.sum(weights),
     }

@@ -74,8 +74,9 @@ class BaseModel:
       config: the network's `TransformerConfig`.
       graphdef: the network's graph, built abstractly (no memory); `module(params)` merges it.
       z_loss: weight of the auxiliary z-loss (T5_SPEC section 6).
-      loss_normalizing_factor: None (sum), a number, "num_real_target_tokens" or
-        "num_total_target_tokens".
+      loss_normalizing_factor: None (sum), a number, "num_real_target_tokens",
+        "num_total_target_tokens" or "average_per_sequence" (T5X's per-sequence mean).
+      label_smoothing: T5X's label smoothing of the targets (0: none; `t2t.losses`).
       kernel_first_steps: whether decoding steps multiply by copies of the kernels transposed
         once per decode, kernel first (`t2t.nn.layers.kernel_first_matmul`), for one extra copy
         of the decoder's kernels during the decode. None (the default) decides per decode: on
@@ -91,6 +92,7 @@ class BaseModel:
         *,
         z_loss: float = 1e-4,
         loss_normalizing_factor: float | str | None = None,
+        label_smoothing: float = 0.0,
         kernel_first_steps: bool | None = None,
     ):
         if not isinstance(config, t2t_nn.TransformerConfig):
@@ -98,6 +100,9 @@ class BaseModel:
         self.config = config
         self.z_loss = z_loss
         self.loss_normalizing_factor = loss_normalizing_factor
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"Expected 0 <= label_smoothing < 1, got {label_smoothing!r}.")
+        self.label_smoothing = label_smoothing
         self.kernel_first_steps = kernel_first_steps
         abstract = nnx.eval_shape(lambda: t2t_nn.build(config, nnx.Rngs(params=0)))
         self.graphdef, self._abstract_params = nnx.split(abstract)
@@ -161,6 +166,7 @@ class BaseModel:
         loss, aux = losses.compute_weighted_loss(
             logits, targets, weights, z_loss=self.z_loss,
             loss_normalizing_factor=self.loss_normalizing_factor,
+            label_smoothing=self.label_smoothing, segment_ids=batch.get("decoder_segment_ids"),
         )
         correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
         aux = dict(aux)

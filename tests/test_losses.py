@@ -156,3 +156,60 @@ def test_shape_mismatch_is_explained(batch):
         losses.compute_weighted_loss(logits, targets[:, :4])
     with pytest.raises(ValueError, match="weights"):
         losses.compute_weighted_loss(logits, targets, np.ones((3, 4)))
+
+
+def numpy_smoothed_losses(logits, targets, smoothing, z_loss):
+    """Cross-entropy of the smoothed one-hot targets minus their entropy, with a one-hot."""
+    logits = logits.astype(np.float64)
+    vocab = logits.shape[-1]
+    on, off = 1 - smoothing, smoothing / (vocab - 1)
+    soft = np.where(np.arange(vocab) == targets[..., None], on, off)
+    log_z = np.log(np.sum(np.exp(logits), -1))
+    log_probs = logits - log_z[..., None]
+    entropy = -np.sum(soft[0, 0] * np.log(soft[0, 0]))
+    return -np.sum(soft * log_probs, -1) - entropy + z_loss * log_z**2
+
+
+@pytest.mark.parametrize("smoothing", [0.1, 0.3])
+def test_label_smoothing_matches_numpy(batch, smoothing):
+    logits, targets = batch
+    got, _ = losses.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets),
+                                              z_loss=1e-4, label_smoothing=smoothing)
+    want = numpy_smoothed_losses(logits, targets, smoothing, 1e-4)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # Predicting the smoothed distribution itself scores 0 (z-loss off).
+    vocab = logits.shape[-1]
+    perfect = np.log(np.where(np.arange(vocab) == targets[..., None], 1 - smoothing,
+                              smoothing / (vocab - 1)))
+    zero, _ = losses.cross_entropy_with_z_loss(jnp.asarray(perfect, jnp.float32),
+                                               jnp.asarray(targets), label_smoothing=smoothing)
+    np.testing.assert_allclose(zero, 0.0, atol=1e-5)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        losses.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets),
+                                         label_smoothing=1.0)
+
+
+def test_average_per_sequence_matches_numpy(batch):
+    logits, targets = batch
+    weights = (targets > 0).astype(np.float32)
+    token, _ = numpy_token_losses(logits, targets, 1e-4)
+    # Unpacked: the mean over rows of each row's mean token loss.
+    want = np.mean([np.sum(token[r] * weights[r]) / np.sum(weights[r]) for r in range(3)])
+    got, aux = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
+                                            jnp.asarray(weights),
+                                            loss_normalizing_factor="average_per_sequence")
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert float(aux[losses.LOSS_DENOMINATOR]) == pytest.approx(3.0)
+    assert float(aux["weight_sum"]) == weights.sum()  # token counts stay token counts
+    # Packed: row 0 holds two sequences (segments 1 and 2), row 1 one, row 2 one.
+    segments = np.array([[1, 1, 2, 2, 2], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    per_sequence = []
+    for r in range(3):
+        for s in set(segments[r][weights[r] > 0]):
+            mask = (segments[r] == s) * weights[r]
+            per_sequence.append(np.sum(token[r] * mask) / np.sum(mask))
+    got, aux = losses.compute_weighted_loss(
+        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights),
+        loss_normalizing_factor="average_per_sequence", segment_ids=jnp.asarray(segments))
+    np.testing.assert_allclose(got, np.mean(per_sequence), rtol=1e-5)
+    assert float(aux[losses.LOSS_DENOMINATOR]) == pytest.approx(len(per_sequence)) == 4
