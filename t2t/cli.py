@@ -15,6 +15,8 @@ import sys
 import time
 import tokenize
 
+from t2t.errors import UserError
+
 
 def _vocab(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -59,22 +61,41 @@ def _vocab(subparsers) -> None:
 def _cache(subparsers) -> None:
     parser = subparsers.add_parser(
         "cache",
-        help="build the built-in corpus (Python's documentation) and its vocabulary into the cache",
-        description="Gather, clean, deduplicate and split the documentation shipped with this "
-        "Python, write it with its supervised tasks under $T2T_CACHE_DIR (default ~/.cache/t2t), "
-        "and train its SentencePiece vocabulary. Does nothing if already built.",
+        help="build the built-in corpus, or preprocess registered tasks into a seqio cache",
+        description="Without --task: gather, clean, deduplicate and split the documentation "
+        "shipped with this Python, write it with its supervised tasks under $T2T_CACHE_DIR "
+        "(default ~/.cache/t2t) and train its SentencePiece vocabulary (nothing if already "
+        "built). With --task: run the tasks' preprocessing up to their "
+        "seqio.CacheDatasetPlaceholder with Apache Beam (locally by default) into "
+        "--output_cache_dir, which training then reads with --seqio_cache_dir and "
+        "use_cached=True.",
     )
-    parser.add_argument("--cache_dir", help="cache root (default $T2T_CACHE_DIR or ~/.cache/t2t)")
+    parser.add_argument("--cache_dir", help="built-in corpus root (default $T2T_CACHE_DIR or "
+                        "~/.cache/t2t)")
     parser.add_argument("--num_pieces", type=int, default=None,
                         help="vocabulary pieces (default: the built-in corpus's 1948)")
+    parser.add_argument("--task", dest="tasks", action="append", default=[],
+                        help="a task or mixture to cache (repeatable or comma-separated)")
+    parser.add_argument("--output_cache_dir", help="the seqio cache root to write (with --task)")
+    parser.add_argument("--module", dest="modules", action="append", default=[],
+                        help="a module registering the tasks (repeatable; Beam workers import "
+                        "it too), e.g. t2t.data.tasks.glue")
+    parser.add_argument("--pipeline_option", dest="pipeline_options", action="append",
+                        default=[], help="a Beam pipeline option (repeatable), e.g. "
+                        "--pipeline_option=--runner=DataflowRunner; default: DirectRunner")
+    parser.add_argument("--overwrite", action="store_true", help="rebuild tasks already cached")
+    parser.add_argument("--tfds_data_dir", help="where the TFDS datasets are prepared")
 
     def handler(args) -> None:
-        from t2t.data.builtin import cache
-
         start = time.time()
 
         def report(line: str) -> None:
             print(f"[{time.time() - start:5.1f} s] {line}", flush=True)
+
+        if args.tasks:
+            _cache_tasks(args, report)
+            return
+        from t2t.data.builtin import cache
 
         kwargs = {} if args.num_pieces is None else {"num_pieces": args.num_pieces}
         corpus = cache.get_or_build(args.cache_dir, report=report, **kwargs)
@@ -87,6 +108,28 @@ def _cache(subparsers) -> None:
         print(f"vocabulary: {corpus.vocabulary_path} ({stats['vocab_size']} ids with sentinels)")
 
     parser.set_defaults(handler=handler)
+
+
+def _cache_tasks(args, report) -> None:
+    from t2t import runs
+    from t2t.data import caching
+
+    if not args.output_cache_dir:
+        raise UserError("t2t cache --task needs --output_cache_dir, the seqio cache root to "
+                        "write (e.g. --output_cache_dir=/data/seqio_cache).")
+    if args.tfds_data_dir:
+        import seqio
+
+        seqio.set_tfds_data_dir_override(args.tfds_data_dir)
+    names = [n.strip() for item in args.tasks for n in item.split(",") if n.strip()]
+    runs.import_task_modules(args.modules, names)
+    directories = caching.cache_tasks(names, args.output_cache_dir, modules=args.modules,
+                                      pipeline_options=args.pipeline_options,
+                                      overwrite=args.overwrite, report=report)
+    for name, directory in directories.items():
+        print(f"{name}: {directory}")
+    print(f"train on them with --seqio_cache_dir={args.output_cache_dir} "
+          "--gin.t2t.runs.train.use_cached=True")
 
 
 # -- the gin-configured run subcommands ---------------------------------------------------------
@@ -102,9 +145,17 @@ def _add_gin_flags(parser) -> None:
                         "(repeatable or comma-separated; the checkout's gin/ is always searched)")
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         help="a Python module to import first, e.g. one registering your tasks "
-                        "(repeatable; gin files may also `import` them)")
+                        "(repeatable; the working directory is searched; gin files may also "
+                        "`import` them)")
+    parser.add_argument("--tfds_data_dir",
+                        help="where TFDS datasets are prepared (default $TFDS_DATA_DIR or "
+                        "~/tensorflow_datasets); prepare one with `tfds build NAME --data_dir=DIR`")
+    parser.add_argument("--seqio_cache_dir", dest="seqio_cache_dirs", action="append",
+                        default=[], help="a seqio cache root written by `t2t cache --task` "
+                        "(repeatable), read by tasks with use_cached=True")
     parser.epilog = ("Gin bindings: --gin.NAME=VALUE (e.g. --gin.MODEL_DIR=\"'/tmp/run'\"). "
-                     "Flags override gin bindings of the same argument.")
+                     "Flags override gin bindings of the same argument. --traceback shows the "
+                     "stack of an error.")
 
 
 def _configure(args, *, finalize: bool = True) -> None:
@@ -116,8 +167,26 @@ def _configure(args, *, finalize: bool = True) -> None:
 
     from t2t import runs
 
+    if args.imports and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--import mytasks` finds ./mytasks.py, as python -m
     for module in args.imports:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise UserError(
+                f"--import {module}: {type(error).__name__}: {error}. The module must be "
+                "importable from the working directory or $PYTHONPATH (e.g. ./mytasks.py for "
+                "--import mytasks, or an installed package).") from error
+    if getattr(args, "tfds_data_dir", None):
+        import seqio
+
+        seqio.set_tfds_data_dir_override(args.tfds_data_dir)
+        os.environ["TFDS_DATA_DIR"] = args.tfds_data_dir
+    if getattr(args, "seqio_cache_dirs", None):
+        import seqio
+
+        seqio.add_global_cache_dirs([d for item in args.seqio_cache_dirs
+                                     for d in item.split(",") if d])
     paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
     try:
         runs.configure(args.gin_file, args.gin_bindings, paths, finalize=finalize)
@@ -611,6 +680,36 @@ def error_message(error: BaseException) -> str:
     return _GIN_CALL_NOTE.sub("", str(error))
 
 
+_T2T_DIR = os.path.dirname(os.path.abspath(__file__))
+# Libraries whose ValueErrors describe the user's input (a gin binding naming nothing, a flag).
+_USER_FACING = ("gin", "argparse")
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether an error is bad input (exit 2, a message) rather than a bug (exit 1, the stack).
+
+    Bad input: a `UserError`; an `OSError` (a path, a permission, a full disk); a `ValueError`
+    raised by t2t's own checks or by gin. A `ValueError` raised inside JAX, NumPy, TensorFlow,
+    Orbax or seqio that t2t did not turn into a message is a bug (of t2t's checks at least).
+    """
+    if isinstance(error, (UserError, OSError)):
+        return True
+    if not isinstance(error, ValueError):
+        return False
+    tb = error.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    if last is None:
+        return True
+    last = os.path.abspath(last)
+    if last.startswith(_T2T_DIR + os.sep):
+        return True
+    module = last.split("site-packages" + os.sep, 1)[-1].split(os.sep, 1)[0]
+    return module in _USER_FACING
+
+
 _TRAINING_COMMANDS = ("train", "chain", "study")
 _PREEMPTED_EXIT_CODE = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE, without importing it here
 
@@ -655,6 +754,8 @@ def _preempted() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    show_traceback = "--traceback" in argv or os.environ.get("T2T_TRACEBACK") == "1"
+    argv = [a for a in argv if a != "--traceback"]
     argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
     args.gin_bindings = gin_bindings
@@ -673,13 +774,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
               "reported saved.", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as error:  # bad input: a message, not a traceback
-        print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
-        return 2
     except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
+        _print_traceback(show_traceback)
         print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
         return 1
+    except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
+        if is_user_error(error):  # bad input: a message, not a traceback
+            _print_traceback(show_traceback)
+            print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
+            return 2
+        _print_traceback(True)
+        print(f"t2t {args.command}: internal error: {type(error).__name__}: "
+              f"{error_message(error)}\nThis is a bug in t2t (or an input it failed to check); "
+              "please report it with the command and the stack above.", file=sys.stderr)
+        return 1
     return code if isinstance(code, int) else 0
+
+
+def _print_traceback(show: bool) -> None:
+    if show:
+        import traceback
+
+        traceback.print_exc()
 
 
 def console() -> None:

@@ -93,6 +93,10 @@ class Evaluator:
             raise ValueError("Expected at least one task or mixture name to evaluate.")
         if log_predictions and not log_dir:
             raise ValueError("log_predictions writes under log_dir; pass log_dir too.")
+        from t2t.data import registry
+
+        for name in names:  # offline readiness first: the vocabulary check reads the files
+            registry.check_ready(registry.get_task_or_mixture(name))
         _check_vocabularies(model, names)
         self._seqio = seqio.Evaluator(
             _one_name(names), inference.feature_converter(model), eval_split=split,

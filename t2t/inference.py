@@ -436,7 +436,9 @@ def task_examples(
     """
     from t2t.data import registry
 
-    for task in seqio.get_subtasks(registry.get_task_or_mixture(name)):
+    provider = registry.get_task_or_mixture(name)
+    registry.check_ready(provider)
+    for task in seqio.get_subtasks(provider):
         if "inputs" not in task.output_features:
             raise ValueError(
                 f"Task {task.name} has no 'inputs' feature; inference needs inputs to condition on."

@@ -89,6 +89,7 @@ def build_dataset_and_subset(config: PipelineConfig):
     import tensorflow as tf
 
     provider = registry.get_task_or_mixture(config.mixture_or_task)
+    registry.check_ready(provider, use_cached=config.use_cached)
     lengths = _lengths_for(provider, config.task_feature_lengths)
     converter = features.feature_converter(
         config.architecture, has_inputs=features.task_has_inputs(provider), pack=config.pack

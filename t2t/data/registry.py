@@ -7,6 +7,7 @@ the exception, together with the reminder that registrations come from explicit 
 from __future__ import annotations
 
 import difflib
+import os
 
 import seqio
 
@@ -42,3 +43,51 @@ def get_task_or_mixture(name: str) -> seqio.Task | seqio.Mixture:
     suggestion = f"Nearest registered names: {', '.join(near)}." if near else (
         f"No registered name is close; {len(names)} are registered, e.g. {', '.join(names[:5])}.")
     raise ValueError(f"No task or mixture named {name!r}. {suggestion} {_IMPORT_HINT}")
+
+
+def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = False) -> None:
+    """Checks, before any example is read, that every task of `provider` can be read offline.
+
+    Without these checks the first read fails deep inside tf.data or tries the network: seqio
+    asserts on a missing cache, TFDS downloads a dataset that is not prepared, and a missing
+    SentencePiece file fails at the first tokenization.
+
+    Raises:
+      UserError: a task has no seqio cache (`use_cached`), a TFDS dataset is not prepared, or a
+        vocabulary file does not exist; the message says how to fix it.
+    """
+    from t2t.errors import UserError
+
+    for task in seqio.get_subtasks(provider):
+        for name, feature in task.output_features.items():
+            path = getattr(feature.vocabulary, "sentencepiece_model_file", None)
+            if path and "://" not in path and not os.path.exists(path):
+                if path == os.environ.get("T2T_VOCABULARY"):
+                    fix = ("$T2T_VOCABULARY names it: point it at a SentencePiece model (T5's is "
+                           "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model; copy it "
+                           "locally, or train one with `t2t vocab`).")
+                else:
+                    fix = ("Put the SentencePiece model there, or fix the path where the task "
+                           "is registered.")
+                raise UserError(
+                    f"Task {task.name}: the {name!r} vocabulary {path} does not exist. {fix}")
+        if use_cached:
+            if not task.cache_dir:
+                dirs = seqio.get_global_cache_dirs() or ["(none set)"]
+                raise UserError(
+                    f"Task {task.name} has no seqio cache in the cache directories "
+                    f"{', '.join(dirs)}. Build it with `t2t cache --task {task.name} "
+                    "--output_cache_dir DIR` and train with --seqio_cache_dir DIR, or drop "
+                    "use_cached=True to preprocess on the fly.")
+            continue
+        source = task.source
+        if isinstance(source, seqio.TfdsDataSource):
+            builder = source.tfds_dataset.builder
+            if not builder.is_prepared():
+                tfds_name = source.tfds_dataset.name
+                raise UserError(
+                    f"Task {task.name} reads the TFDS dataset {tfds_name}, which is not "
+                    f"prepared in {builder.data_dir_root}. Prepare it once where the network "
+                    f"is reachable: `tfds build {tfds_name.split(':')[0]} --data_dir=DIR` "
+                    "(some datasets need a manual download first; `tfds build` says which), "
+                    "then pass --tfds_data_dir=DIR (or set $TFDS_DATA_DIR=DIR).")
