@@ -216,6 +216,7 @@ def _train(*, model_dir, mixture_or_task, task_feature_lengths, train_steps, mod
     from t2t.trainer import Trainer, batches, predictions
 
     import_task_modules((), [mixture_or_task, *eval_tasks])
+    use_carried_vocabulary(model_dir, init_checkpoint)
     config = _resolve_model_config(model_config, init_checkpoint)
     model = model_fn(config)
     partitioner = partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
@@ -251,7 +252,8 @@ def _train(*, model_dir, mixture_or_task, task_feature_lengths, train_steps, mod
         early_stopping=early_stopping, reduce_on_plateau=reduce_on_plateau,
         async_checkpoints=async_checkpoints, progress=progress,
     )
-    write_run_files(model_dir, config)
+    write_run_files(model_dir, config,
+                    vocabulary_file=metadata.get("vocabulary", {}).get("sentencepiece_model_file"))
     try:
         summary = trainer.train(train_steps)
         chief = trainer.is_chief
@@ -374,9 +376,36 @@ def _check_resumable(model_dir: str, metadata: Mapping[str, Any]) -> None:
                 f"INIT_CHECKPOINT='{model_dir}' to start from its parameters.")
 
 
-def write_run_files(model_dir: str, config: TransformerConfig) -> None:
-    """Writes `config.gin` (the operative gin config) and `model_config.json` (process 0)."""
+def use_carried_vocabulary(*directories: str | None) -> str | None:
+    """Makes the tasks registered with the default vocabulary (`t2t.data.vocab`) tokenize with
+    the SentencePiece model the first of `directories` carries (`spiece.model`: a t2t model
+    directory's copy, a HF directory's tokenizer), so a checkpoint is read with its own
+    tokenizer wherever it was moved. Returns the file used, or None when none carries one."""
+    import tensorflow as tf
+
+    from t2t.checkpoints import model_dir as model_dir_lib
+    from t2t.data import vocab
+
+    for directory in directories:
+        if not directory or not isinstance(directory, str):
+            continue
+        path = os.path.join(directory.split("@")[0], model_dir_lib.VOCABULARY_FILE)
+        if tf.io.gfile.exists(path):
+            if vocab.default_vocabulary_path() != path:
+                logging.info("Tasks with the default vocabulary use %s.", path)
+            vocab.set_default_vocabulary(path)
+            return path
+    return None
+
+
+def write_run_files(model_dir: str, config: TransformerConfig,
+                    vocabulary_file: str | None = None) -> None:
+    """Writes `config.gin` (the operative gin config), `model_config.json` and a copy of the
+    SentencePiece model, `spiece.model`, so the directory is self-contained (process 0)."""
     import jax
+    import tensorflow as tf
+
+    from t2t.checkpoints import model_dir as model_dir_lib
 
     if jax.process_index() != 0:
         return
@@ -385,6 +414,11 @@ def write_run_files(model_dir: str, config: TransformerConfig) -> None:
         f.write(gin.operative_config_str())
     with open(os.path.join(model_dir, MODEL_CONFIG_FILE), "w") as f:
         json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+    copy = os.path.join(model_dir, model_dir_lib.VOCABULARY_FILE)
+    if vocabulary_file and os.path.abspath(vocabulary_file) != os.path.abspath(copy):
+        temporary = copy + ".tmp"  # renamed into place: never a half-written tokenizer
+        tf.io.gfile.copy(vocabulary_file, temporary, overwrite=True)
+        tf.io.gfile.rename(temporary, copy, overwrite=True)
 
 
 # -- shared helpers ------------------------------------------------------------------------------
@@ -498,6 +532,7 @@ def evaluate(
     selection = "all" if all_steps else (list(steps) if steps is not None else
                                          None if step is None else [step])
     import_task_modules(modules, names)
+    use_carried_vocabulary(model_dir, *_names(checkpoints or [], "evaluate.checkpoints"))
     if isinstance(rank_classification, str):
         rank_classification = _names(rank_classification, "evaluate.rank_classification")
     options = dict(split=split, task_feature_lengths=task_feature_lengths,
@@ -602,6 +637,7 @@ def infer(
         checkpoints = [c.strip() for c in checkpoints.split(",") if c.strip()]
     if task is not None:
         import_task_modules(modules, [task])
+        use_carried_vocabulary(model_dir, *checkpoints)
     count = inference.infer(
         output_file, model_dir=model_dir, input_file=input_file, task=task, mode=mode,
         checkpoints=list(checkpoints), step=step, split=split, vocabulary_file=vocabulary_file,

@@ -39,3 +39,13 @@ def builtin_tasks(builtin_corpus):
     os.environ["T2T_CACHE_DIR"] = root  # importing the module builds into (here: finds) the cache
     module = importlib.import_module("t2t.data.tasks.builtin")
     return module.register(root)
+
+
+@pytest.fixture(autouse=True)
+def _default_vocabulary_back_to_the_environment():
+    """A run that used a checkpoint's own tokenizer (`t2t.runs.use_carried_vocabulary`) changes
+    the process-wide default vocabulary; each test starts from `$T2T_VOCABULARY` again."""
+    yield
+    from t2t.data import vocab
+
+    vocab.set_default_vocabulary(None)

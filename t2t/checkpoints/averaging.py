@@ -130,7 +130,8 @@ def write_averaged(
 
     The checkpoint holds parameters only (no optimizer state: it is for evaluation, inference
     and export) and the metadata of the latest averaged step plus `averaged_steps` and
-    `averaged_from`. The source's `config.gin` and `model_config.json` are copied beside it.
+    `averaged_from`. The source's `config.gin`, `model_config.json` and `spiece.model` are
+    copied beside it.
 
     Args:
       output_dir: the new model directory (must not hold checkpoints yet).
@@ -153,7 +154,8 @@ def write_averaged(
     manager.save(step, params=averaged.params, metadata=metadata)
     manager.wait_until_finished()
     manager.close()
-    for name in (model_dir_lib.CONFIG_GIN, model_dir_lib.MODEL_CONFIG_JSON):
+    for name in (model_dir_lib.CONFIG_GIN, model_dir_lib.MODEL_CONFIG_JSON,
+                 model_dir_lib.VOCABULARY_FILE):
         source = os.path.join(averaged.source, name)
         if os.path.exists(source):
             shutil.copyfile(source, os.path.join(output_dir, name))

@@ -31,6 +31,9 @@ from t2t.checkpoints import manager as manager_lib
 
 CONFIG_GIN = "config.gin"
 MODEL_CONFIG_JSON = "model_config.json"
+# The run's SentencePiece model, copied in so the directory is self-contained (moved, copied to
+# another machine, it still evaluates and infers with no flags).
+VOCABULARY_FILE = "spiece.model"
 
 
 @dataclasses.dataclass
@@ -95,21 +98,31 @@ class ModelDir:
         return manager_lib.config_from_metadata(metadata)  # raises, explaining what is missing
 
     def vocabulary_file(self, step: int | None = None) -> tuple[str, int]:
-        """The SentencePiece model file and number of extra ids the checkpoint was trained with."""
+        """The SentencePiece model file and number of extra ids the checkpoint was trained with:
+        the directory's own copy (`spiece.model`) when it has one, else the recorded path."""
         entry = self.metadata(step).get("vocabulary")
+        own = os.path.join(self.path, VOCABULARY_FILE)
         if not isinstance(entry, dict) or "sentencepiece_model_file" not in entry:
+            if os.path.exists(own):
+                return own, 100
             raise ValueError(
                 f"The checkpoint metadata in {self.path} names no vocabulary (expected "
-                "'vocabulary': {'sentencepiece_model_file': PATH, 'extra_ids': 100}); pass the "
-                "vocabulary explicitly (e.g. --vocabulary=PATH)."
+                "'vocabulary': {'sentencepiece_model_file': PATH, 'extra_ids': 100}) and the "
+                f"directory has no {VOCABULARY_FILE}; pass the vocabulary explicitly (e.g. "
+                "--vocabulary_file=PATH)."
             )
+        extra_ids = int(entry.get("extra_ids", 100))
+        if os.path.exists(own):
+            return own, extra_ids
         path = entry["sentencepiece_model_file"]
-        if not os.path.exists(path) and not path.startswith("gs://"):
+        if not os.path.exists(path) and "://" not in path:
             raise FileNotFoundError(
                 f"The vocabulary {path} recorded in {self.path}'s checkpoint metadata does not "
-                "exist on this machine; pass a copy explicitly (e.g. --vocabulary=PATH)."
+                f"exist on this machine, and the directory has no copy ({VOCABULARY_FILE}, "
+                "written by runs since the copy was added); pass one explicitly (e.g. "
+                f"--vocabulary_file=PATH) or copy it to {own}."
             )
-        return path, int(entry.get("extra_ids", 100))
+        return path, extra_ids
 
     def vocabulary(self, step: int | None = None) -> seqio.SentencePieceVocabulary:
         """The checkpoint's seqio vocabulary."""

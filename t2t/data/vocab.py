@@ -15,6 +15,7 @@ import io
 import logging
 import os
 import tempfile
+import weakref
 from collections.abc import Iterable, Iterator
 
 import seqio
@@ -36,13 +37,58 @@ def load_vocabulary(path: str, extra_ids: int = NUM_SENTINELS) -> seqio.Sentence
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
+_default_override: str | None = None
+_default_instances: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> vocab
+
+
+def default_vocabulary_path() -> str:
+    """The file `default_vocabulary()` reads now: the run's choice (`set_default_vocabulary`),
+    else `$T2T_VOCABULARY`, else T5's public model."""
+    return _default_override or os.environ.get("T2T_VOCABULARY", T5_VOCABULARY_PATH)
+
+
+def set_default_vocabulary(path: str | None) -> None:
+    """Makes `default_vocabulary()` read `path` (None: back to `$T2T_VOCABULARY` / T5's).
+
+    A run that starts from a checkpoint carrying its tokenizer (a HF directory's `spiece.model`,
+    a t2t model directory's copy) calls this, so the tasks registered with the default
+    vocabulary tokenize as the checkpoint was trained. Already loaded models are dropped.
+    """
+    global _default_override
+    _default_override = path
+    for vocabulary in list(_default_instances.values()):
+        vocabulary._model = None
+
+
+class DefaultVocabulary(seqio.SentencePieceVocabulary):
+    """T5's vocabulary for tasks that name no other, its file decided when first used
+    (`default_vocabulary_path`), not when the task is registered."""
+
+    def __init__(self, extra_ids: int = NUM_SENTINELS):
+        super().__init__(T5_VOCABULARY_PATH, extra_ids=extra_ids)
+        _default_instances[id(self)] = self
+
+    @property
+    def _sentencepiece_model_file(self) -> str:
+        return default_vocabulary_path()
+
+    @_sentencepiece_model_file.setter
+    def _sentencepiece_model_file(self, value: str) -> None:
+        del value  # decided at use, above
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _default_instances[id(self)] = self
+
+
 def default_vocabulary() -> seqio.SentencePieceVocabulary:
-    """The vocabulary the TFDS-backed tasks use: `$T2T_VOCABULARY` if set, else the T5 one.
+    """The vocabulary the TFDS-backed tasks use: `$T2T_VOCABULARY` if set, else the T5 one
+    (or the tokenizer of the checkpoint a run starts from: `set_default_vocabulary`).
 
     The T5 model lives on Google Cloud Storage; point `T2T_VOCABULARY` at a local copy (or at a
     model trained with `t2t vocab`) to run without network access.
     """
-    return load_vocabulary(os.environ.get("T2T_VOCABULARY", T5_VOCABULARY_PATH))
+    return DefaultVocabulary()
 
 
 def sentinel_id(vocabulary: seqio.Vocabulary, index: int) -> int:
