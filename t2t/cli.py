@@ -155,7 +155,7 @@ def _add_gin_flags(parser) -> None:
                         "(repeatable), read by tasks with use_cached=True")
     parser.epilog = ("Gin bindings: --gin.NAME=VALUE (e.g. --gin.MODEL_DIR=\"'/tmp/run'\"). "
                      "Flags override gin bindings of the same argument. --traceback shows the "
-                     "stack of an error.")
+                     "stack of an error; --verbose keeps the libraries' own log lines.")
 
 
 def _configure(args, *, finalize: bool = True) -> None:
@@ -751,13 +751,59 @@ def _preempted() -> tuple[type[BaseException], ...]:
     return (loop.Preempted,) if loop is not None else ()
 
 
+def quiet_libraries() -> None:
+    """Keeps the console to t2t's own output: TensorFlow's, XLA's and libtpu's C++ start-up
+    lines (oneDNN, "Could not find cuda drivers", "failed call to cuInit", TPU host probing, the
+    tf.data cache warning), and third-party Python warnings (absl, TensorFlow, Beam). Set before
+    those libraries load; variables the user set win. `--verbose` (or T2T_VERBOSE=1) skips it.
+    """
+    import importlib.util
+    import logging
+
+    for name, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3"),
+                        ("TPU_STDERR_LOG_LEVEL", "3"), ("GRPC_VERBOSITY", "ERROR")):
+        os.environ.setdefault(name, value)
+    # libtpu installed (the `tpu` extra, to compile for TPU topologies) on a machine with no TPU
+    # makes JAX probe for one and print libtpu's complaints: keep JAX on the other backends.
+    if ("JAX_PLATFORMS" not in os.environ and importlib.util.find_spec("libtpu") is not None
+            and not any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0"))
+            and "TPU_ACCELERATOR_TYPE" not in os.environ):
+        cuda = any(importlib.util.find_spec(m) is not None
+                   for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+        os.environ["JAX_PLATFORMS"] = "cuda,cpu" if cuda else "cpu"
+    for name in ("absl", "tensorflow", "apache_beam", "jax._src.xla_bridge"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger().addFilter(_own_warnings_only)
+    # TensorFlow's shared libraries log while they load (oneDNN, the CUDA stub), before any log
+    # level applies: load them with the process's stderr pointed at /dev/null.
+    if "tensorflow" not in sys.modules:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+
+def _own_warnings_only(record) -> bool:
+    """Root-logger records below ERROR pass only when t2t logged them (Beam logs on root)."""
+    return (record.levelno >= 40
+            or os.path.abspath(record.pathname).startswith(_T2T_DIR + os.sep))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
     show_traceback = "--traceback" in argv or os.environ.get("T2T_TRACEBACK") == "1"
-    argv = [a for a in argv if a != "--traceback"]
+    verbose = "--verbose" in argv or os.environ.get("T2T_VERBOSE") == "1"
+    argv = [a for a in argv if a not in ("--traceback", "--verbose")]
     argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
+    if not verbose:
+        quiet_libraries()
     args.gin_bindings = gin_bindings
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)

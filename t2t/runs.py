@@ -787,9 +787,13 @@ def compile_train(
 
 
 def default_search_paths() -> list[str]:
-    """The repository's `gin/` directory and its parent, when t2t runs from a checkout."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return [p for p in (os.path.join(root, "gin"), root) if os.path.isdir(p)]
+    """Where the shipped gin files are: the `gin/` directory and its parent, so both
+    `gin/experiments/x.gin` and an `include 'runs/pretrain.gin'` resolve. From a checkout that
+    is the repository's `gin/`; installed (a wheel), the copy in the package (`t2t._shipped`)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    roots = (os.path.dirname(package), os.path.join(package, "_shipped"))
+    return [p for root in roots for p in (os.path.join(root, "gin"), root)
+            if os.path.isdir(os.path.join(root, "gin"))]
 
 
 def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
