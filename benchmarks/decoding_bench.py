@@ -44,7 +44,7 @@ from t2t.checkpoints import hf  # noqa: E402
 def t5_small_pair(seed: int = 0):
     """HF T5-small with random weights, and the t2t model and params with the same weights."""
     torch.manual_seed(seed)
-    config = T5Config(  # T5-small, v1.0 (T5_SPEC section 1).
+    config = T5Config(  # T5-small, v1.0 (docs/spec.md section 1).
         vocab_size=32128, d_model=512, d_ff=2048, d_kv=64, num_heads=8, num_layers=6,
         feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0,
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,

@@ -1,4 +1,4 @@
-"""The C4 cleaning rules (T5 paper section 2.2, T5_SPEC section 11), each a small pure function.
+"""The C4 cleaning rules (T5 paper section 2.2, docs/spec.md section 11), each a small pure function.
 
 Every rule takes the text it judges and a `counters` mapping (a `collections.Counter`) and records
 why it dropped something under a fixed name, so the rules are tested on plain strings with exact

@@ -1,6 +1,6 @@
 """Chunking: from tokenized documents to fixed-length raw segments, the input of every objective.
 
-The paper's unsupervised pipeline (T5_SPEC section 4) takes one random chunk of at most 65536
+The paper's unsupervised pipeline (docs/spec.md section 4) takes one random chunk of at most 65536
 tokens per document, concatenates documents with no separator, and splits the stream into segments
 of the raw length an objective needs. Each step exists twice:
 

@@ -12,7 +12,7 @@ new ragged batch. Pairs of them make the paper's Table 3 objectives (see `object
 | deshuffling | `permute_noise_tokens` | (original text) |
 | prefix LM | `drop_nonnoise_tokens` | `drop_noise_tokens` |
 
-Sentinels come from the vocabulary (T5_SPEC section 3): `<extra_id_0>` = `vocab_size - 1`, and the
+Sentinels come from the vocabulary (docs/spec.md section 3): `<extra_id_0>` = `vocab_size - 1`, and the
 i-th span of a row gets `vocab_size - 1 - i`. The single mask token of BERT- and MASS-style is
 `<extra_id_0>` too.
 """
@@ -39,7 +39,7 @@ def noise_span_to_unique_sentinel(
 ) -> tf.RaggedTensor:
     """Replaces each run of noise tokens with the next sentinel, counting down from `<extra_id_0>`.
 
-    Example (T5_SPEC section 4, vocab_size 32100): tokens `A B C D E F G H`, noise `C D` and `H`
+    Example (docs/spec.md section 4, vocab_size 32100): tokens `A B C D E F G H`, noise `C D` and `H`
     -> `A B 32099 E F G 32098`.
 
     Args:
@@ -84,7 +84,7 @@ def nonnoise_span_to_unique_sentinel(
 ) -> tf.RaggedTensor:
     """Replaces each run of kept tokens with the next sentinel (the span-corruption targets).
 
-    Example (T5_SPEC section 4, vocab_size 32100): tokens `A B C D E F G H`, noise `C D` and `H`
+    Example (docs/spec.md section 4, vocab_size 32100): tokens `A B C D E F G H`, noise `C D` and `H`
     -> `32099 C D 32098 H`.
     """
     return noise_span_to_unique_sentinel(tokens, _invert(noise_mask), vocabulary, seed)

@@ -5,7 +5,7 @@ boolean mask `[B, W]` (`W = max(lengths)`, False beyond each length). The object
 `objectives` pair a mask with corruption functions from `corruption`; swapping the mask function is
 how the paper's Table 4 and 5 variants (i.i.d. vs. span noise, rates, span lengths) are built.
 
-The counts of `random_spans_noise_mask` follow T5_SPEC section 4 exactly:
+The counts of `random_spans_noise_mask` follow docs/spec.md section 4 exactly:
 `num_noise = clip(round(L * d), 1, L - 1)`, `num_spans = max(round(num_noise / m), 1)`, where
 `round` is half-to-even on float64 values, the same numbers Python's `round` and
 `random_spans_helper` produce.
@@ -34,7 +34,7 @@ def random_spans_helper(
     matters for lengths of a few tokens), `inputs(T) = T - noise + spans + 1`,
     `targets(T) = noise + spans + 1`; T is the largest length with `inputs(T) <= inputs_length`.
 
-    Example (T5_SPEC section 4): `random_spans_helper(512)` -> `(568, 114)`: 568 raw tokens hold
+    Example (docs/spec.md section 4): `random_spans_helper(512)` -> `(568, 114)`: 568 raw tokens hold
     85 noise tokens in 28 spans, so inputs are 568 - 85 + 28 + 1 = 512 and targets 85 + 28 + 1 =
     114. With `mean_noise_span_length=20`, 1024 -> (1193, 189).
 
@@ -134,7 +134,7 @@ def random_spans_noise_mask(
     All such masks are equally likely.
 
     Example: lengths [8] with noise_density=0.4, mean_noise_span_length=1.5 gives 3 noise tokens
-    in 2 spans, e.g. `[F F T T F F F T]` (T5_SPEC's `A B C D E F G H` with noise `C D` and `H`).
+    in 2 spans, e.g. `[F F T T F F F T]` (docs/spec.md's `A B C D E F G H` with noise `C D` and `H`).
 
     Args:
         lengths: int32 `[B]` sequence lengths.

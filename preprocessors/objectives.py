@@ -88,7 +88,7 @@ def denoise(
 ) -> tf.data.Dataset:
     """Turns each `targets` segment into an `inputs`/`targets` pair with a mask and two corruptions.
 
-    Example (T5_SPEC section 4, vocab_size 32100): with a mask marking `C D` and `H` of
+    Example (docs/spec.md section 4, vocab_size 32100): with a mask marking `C D` and `H` of
     `A B C D E F G H`, `noise_span_to_unique_sentinel` / `nonnoise_span_to_unique_sentinel` give
     inputs `A B 32099 E F G 32098` and targets `32099 C D 32098 H`.
 
@@ -121,7 +121,7 @@ def span_corruption(
     concatenate_documents: bool = True,
     noise_mask_fn: Optional[NoiseMaskFn] = None,
 ) -> tf.data.Dataset:
-    """Random-span corruption, the T5 objective (T5_SPEC section 4).
+    """Random-span corruption, the T5 objective (docs/spec.md section 4).
 
     Segments of the raw length from `random_spans_helper` fill `sequence_length['inputs']` exactly
     once EOS is appended; the targets need the helper's targets length (114 for 512 at the

@@ -3,7 +3,7 @@
 A seqio postprocessor is called as `fn(output, example=..., is_target=...)` on the decoded
 prediction and on the target. Predictions are free text, so every function here accepts anything
 and never raises: text that is not a valid label maps to -1 (or the given default), which metrics
-count as wrong (T5_SPEC section 10).
+count as wrong (docs/spec.md section 10).
 """
 
 import math

@@ -22,7 +22,7 @@ the decoded length instead of the maximum, as with a cache that grows. Without i
 for these functions) the cache keeps its size and one `while_loop` runs. Each phase is its own
 `while_loop`, compiled separately.
 
-Token conventions (T5_SPEC section 1): decoding starts from token 0 (PAD doubles as the decoder
+Token conventions (docs/spec.md section 1): decoding starts from token 0 (PAD doubles as the decoder
 start token), EOS is 1, and positions after a sequence's EOS hold 0.
 """
 
@@ -646,7 +646,7 @@ def beam_search(
     first_cache_length: int = FIRST_CACHE_LENGTH,
     rule: str = "t5x",
 ) -> tuple[jax.Array, jax.Array]:
-    """Beam search with the GNMT length penalty (T5_SPEC section 8).
+    """Beam search with the GNMT length penalty (docs/spec.md section 8).
 
     A finished sequence of n tokens (its EOS included) with log-probability lp scores
     `lp / ((5 + n) / 6) ** alpha`. Each step ranks the 2K best continuations of the K live beams;

@@ -1,7 +1,7 @@
 """Token-level cross-entropy with T5's z-loss, and how a batch's loss is normalized.
 
 Labels stay integers: the target log-probability is gathered with `take_along_axis`, so no
-one-hot [B, T, V] tensor is ever built (T5_SPEC section 6).
+one-hot [B, T, V] tensor is ever built (docs/spec.md section 6).
 
 Worked example (tested): logits [[0, ln 3]] over a vocabulary of 2 and target 1 give
 logsumexp = ln 4, cross-entropy = ln 4 - ln 3 = 0.2877 and, with z_loss = 1e-4, a z term of

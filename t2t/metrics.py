@@ -2,7 +2,7 @@
 
 seqio tasks attach metrics as callables `fn(targets, predictions) -> {name: value}` run on the
 postprocessed targets and predictions of a whole evaluation split. This module provides every
-metric the paper reports (T5_SPEC section 10), with values in percent (0-100) as the paper's
+metric the paper reports (docs/spec.md section 10), with values in percent (0-100) as the paper's
 tables show them, and the GLUE / SuperGLUE benchmark averages computed the paper's way.
 
 Conventions (those of the paper's own metric code, the `t5` package's `t5.evaluation.metrics`):
@@ -268,7 +268,7 @@ def bleu(targets: Sequence[str | Sequence[str]], predictions: Sequence[str]) -> 
     """Corpus BLEU of detokenized text through sacrebleu with the paper's settings.
 
     NOTE: exponential smoothing and the "intl" tokenizer, case-sensitive, no effective order, as
-    T5 reported BLEU (T5_SPEC section 10).
+    T5 reported BLEU (docs/spec.md section 10).
 
     Args:
         targets: one reference string per example, or a list of references per example (the same

@@ -73,7 +73,7 @@ class BaseModel:
     Attributes:
       config: the network's `TransformerConfig`.
       graphdef: the network's graph, built abstractly (no memory); `module(params)` merges it.
-      z_loss: weight of the auxiliary z-loss (T5_SPEC section 6).
+      z_loss: weight of the auxiliary z-loss (docs/spec.md section 6).
       loss_normalizing_factor: None (sum), a number, "num_real_target_tokens",
         "num_total_target_tokens" or "average_per_sequence" (T5X's per-sequence mean).
       label_smoothing: T5X's label smoothing of the targets (0: none; `t2t.losses`).

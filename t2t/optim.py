@@ -2,7 +2,7 @@
 
 Everything is composed from optax pieces so it plugs into any optax-based loop:
 
-- `adafactor`: the T5 optimizer (T5_SPEC section 7) as an `optax.chain` of factored second
+- `adafactor`: the T5 optimizer (docs/spec.md section 7) as an `optax.chain` of factored second
   moments, update clipping, parameter-scale-relative step size and the learning rate.
 - Schedules (`optax.Schedule`, step -> learning rate): `inverse_sqrt` (pretraining),
   `constant` (fine-tuning), `warmup_linear_decay`, `warmup_cosine_decay` and

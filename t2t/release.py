@@ -3,7 +3,7 @@
 `export` turns one checkpoint of a model directory into a directory anyone can load without t2t:
 
   config.json, model.safetensors      `T5ForConditionalGeneration.from_pretrained(dir)`
-  generation_config.json              decoder start 0, EOS 1, PAD 0 (T5_SPEC section 1)
+  generation_config.json              decoder start 0, EOS 1, PAD 0 (docs/spec.md section 1)
   spiece.model, tokenizer_config.json, special_tokens_map.json
                                       `T5Tokenizer.from_pretrained(dir)`: the SentencePiece model
                                       plus the 100 sentinels `<extra_id_0>` = last id, ...

@@ -20,7 +20,7 @@ tf.data assertion. t2t's converters cut each feature to its length first, as seq
 once. Counting is off where the data iterator is checkpointed (training): a counter is state that
 tf.data cannot save with the iterator.
 
-Worked example (T5_SPEC section 5), encoder-decoder, packed, lengths inputs 10 / targets 7:
+Worked example (docs/spec.md section 5), encoder-decoder, packed, lengths inputs 10 / targets 7:
   inputs [7,8,5,1], [8,4,9,3,1]; targets [3,9,1], [4,1] ->
   encoder_input_tokens  [7,8,5,1,8,4,9,3,1,0]   encoder_segment_ids [1,1,1,1,2,2,2,2,2,0]
   encoder_positions     [0,1,2,3,0,1,2,3,4,0]

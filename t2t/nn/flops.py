@@ -1,6 +1,6 @@
 """Exact matmul FLOPs of one example, for model FLOPs utilization (MFU).
 
-Counts every matmul of the network per stack, as T5_SPEC section 12 does: encoder weights see the
+Counts every matmul of the network per stack, as docs/spec.md section 12 does: encoder weights see the
 input tokens, decoder and logits weights see the target tokens, attention score and mixing terms
 included; a matmul [m, k] x [k, n] is 2mkn and a training step is 3x the forward pass. Element-wise
 work (norms, softmax, dropout, the loss) is not counted.

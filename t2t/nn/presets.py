@@ -1,7 +1,7 @@
 """Named model sizes: the T5 paper's v1.0 family, the T5 v1.1 family, and a tiny CPU model.
 
 Sizes live in Python, not in gin files: gin (at the edge) picks a preset by name and overrides
-fields. Parameter counts of the T5 presets equal the exact counts in T5_SPEC section 1 (tested).
+fields. Parameter counts of the T5 presets equal the exact counts in docs/spec.md section 1 (tested).
 """
 
 from __future__ import annotations

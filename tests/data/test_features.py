@@ -1,4 +1,4 @@
-"""Feature conversion per architecture: T5_SPEC section 5's packing vector and seqio's examples."""
+"""Feature conversion per architecture: docs/spec.md section 5's packing vector and seqio's examples."""
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ def _convert(converter, examples, lengths):
 
 @pytest.mark.parametrize("architecture", ["encoder_decoder", "encoder_decoder_shared"])
 def test_packing_vector_from_the_spec(architecture):
-    # Same numbers as the `features` module docstring (T5_SPEC section 5).
+    # Same numbers as the `features` module docstring (docs/spec.md section 5).
     converter = features.feature_converter(architecture)
     (row,) = _convert(converter, EXAMPLES, {"inputs": 10, "targets": 7})
     assert row == {

@@ -12,7 +12,7 @@ from t2t.data import mixtures
 
 PRETRAIN_LENGTHS = {"inputs": 128, "targets": 64}
 SUPERVISED_LENGTHS = {"inputs": 256, "targets": 64}
-# Each supervised task's input prefix (T5_SPEC section 10) and whether its targets are labels.
+# Each supervised task's input prefix (docs/spec.md section 10) and whether its targets are labels.
 PREFIXES = {
     "glue_cola": "cola sentence: ", "glue_sst2": "sst2 sentence: ",
     "glue_mrpc": "mrpc sentence1: ", "glue_qqp": "qqp question1: ", "glue_stsb": "stsb sentence1: ",

@@ -7,7 +7,7 @@ from flax import nnx
 
 import t2t.nn as tn
 
-# T5_SPEC section 1: exact parameter counts (vocab 32128; v1.0 tied, v1.1 untied logits).
+# docs/spec.md section 1: exact parameter counts (vocab 32128; v1.0 tied, v1.1 untied logits).
 SPEC_PARAM_COUNTS = {
     "t5_small": 60_506_624,
     "t5_base": 222_903_552,

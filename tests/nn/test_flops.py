@@ -1,4 +1,4 @@
-"""The FLOPs counter against T5_SPEC section 12 and against the matmuls of the traced network."""
+"""The FLOPs counter against docs/spec.md section 12 and against the matmuls of the traced network."""
 
 import jax
 from jax.extend import core as jex_core
@@ -9,7 +9,7 @@ from flax import nnx
 import t2t.nn as tn
 from t2t.nn import flops
 
-# T5_SPEC section 12: training GFLOP per example with 512 input and 114 target tokens.
+# docs/spec.md section 12: training GFLOP per example with 512 input and 114 target tokens.
 SPEC_TRAINING_GFLOP = {"t5_small": 106.3, "t5_base": 425.9, "t5_large": 1444.2}
 
 

@@ -224,7 +224,7 @@ def _per_example_loss(logits, targets, segment_ids, num_segments):
 
 
 def test_packed_batch_gives_each_examples_loss_encoder_decoder(encdec):
-    # seqio's EncDecFeatureConverter docstring example (T5_SPEC section 5).
+    # seqio's EncDecFeatureConverter docstring example (docs/spec.md section 5).
     logits = encdec.__call__(
         jnp.array([[7, 8, 5, 1, 8, 4, 9, 3, 1, 0]]),  # encoder_input_tokens
         jnp.array([[0, 3, 9, 0, 4, 0, 0]]),  # decoder_input_tokens

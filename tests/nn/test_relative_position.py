@@ -1,4 +1,4 @@
-"""The relative position bucket function: T5_SPEC check values and HF transformers on a grid."""
+"""The relative position bucket function: docs/spec.md check values and HF transformers on a grid."""
 
 import numpy as np
 import pytest

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 
 class IdVocabulary(seqio.PassThroughVocabulary):
-    """Token ids in, token ids out, with `extra_ids` sentinels on top (T5_SPEC section 3)."""
+    """Token ids in, token ids out, with `extra_ids` sentinels on top (docs/spec.md section 3)."""
 
     def __init__(self, base_size: int = 32000, extra_ids: int = 100):
         super().__init__(base_size, eos_id=1)

@@ -1,4 +1,4 @@
-"""Task text formats and postprocessors against the `t5` package's outputs (T5_SPEC section 10).
+"""Task text formats and postprocessors against the `t5` package's outputs (docs/spec.md section 10).
 
 The goldens in `data/t5_goldens.json` were produced by `data/make_t5_goldens.py`, which runs the
 t5 package (0.9.4, the paper's implementation) in a separate environment on hand-written

@@ -1,4 +1,4 @@
-"""Noise masks and the span-corruption length helper (T5_SPEC section 4)."""
+"""Noise masks and the span-corruption length helper (docs/spec.md section 4)."""
 
 import collections
 

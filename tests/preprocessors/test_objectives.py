@@ -8,7 +8,7 @@ import tensorflow as tf
 import preprocessors
 from preprocessors import corruption
 
-# T5_SPEC section 4: tokens A B C D E F G H as ids 10..17.
+# docs/spec.md section 4: tokens A B C D E F G H as ids 10..17.
 A, B, C, D, E, F, G, H = range(10, 18)
 X, Y, Z = 32099, 32098, 32097  # <extra_id_0>, <extra_id_1>, <extra_id_2> with vocab_size 32100
 M = 32099  # the mask token of BERT- and MASS-style

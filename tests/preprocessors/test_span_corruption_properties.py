@@ -1,4 +1,4 @@
-"""Properties of span corruption over random documents and lengths (T5_SPEC section 4)."""
+"""Properties of span corruption over random documents and lengths (docs/spec.md section 4)."""
 
 import numpy as np
 import pytest
