@@ -8,7 +8,7 @@ CONSTRAINTS ?= constraints.txt
 
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo finetune test lock clean-venv
+.PHONY: demo finetune test lint lock clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
@@ -27,8 +27,14 @@ finetune: $(STAMP)
 	$(VENV)/bin/t2t train --gin_file=gin/experiments/tiny_builtin_finetune.gin \
 	  --gin.INIT_CHECKPOINT="'$(DEMO_DIR)'" --gin.MODEL_DIR="'$(DEMO_DIR)_package'"
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
+
+# The linter (pyflakes, pycodestyle, import order) and the layer contracts of
+# docs/architecture.md (pyproject.toml's [tool.importlinter]); part of `make test`.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # Re-resolve the dependencies in a scratch environment and rewrite constraints.txt's pins
 # (its header is kept); then run `make clean-venv test` before committing the new pins.

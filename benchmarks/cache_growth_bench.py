@@ -23,7 +23,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from decoding_bench import REPO, interleaved_times, t5_small_pair, write_report
 
 

@@ -64,8 +64,8 @@ def _import_t2t():
                      "DecoderFeatureConverter"):
             setattr(stand_in, name, type(name, (), {}))
         sys.modules["seqio"] = stand_in
-    from t2t import models, nn, optim  # noqa: F401
     import t2t.nn.flops  # noqa: F401  (a submodule t2t.nn does not import)
+    from t2t import models, nn, optim  # noqa: F401
     # The steps module alone: the t2t.trainer package also imports data and checkpoint code.
     spec = importlib.util.spec_from_file_location(
         "t2t_train_steps", os.path.join(here, "t2t", "trainer", "steps.py"))
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
                        f"--steps={args.steps}", f"--warmup={args.warmup}",
                        f"--remat={args.remat}"]
             done = subprocess.run(command, capture_output=True, text=True)
-            lines = [l for l in done.stdout.splitlines() if l.startswith(RESULT)]
+            lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
             if done.returncode or not lines:
                 print(f"{side} batch {batch} failed:\n{done.stderr[-3000:]}", flush=True)
                 results.append({"side": side, "batch": batch, "error": done.stderr[-3000:]})

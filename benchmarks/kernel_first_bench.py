@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from decoding_bench import t5_small_pair, write_report  # noqa: E402
 from small_m_matmul_bench import time_pair  # noqa: E402 (alternates runners call by call)
+
 from t2t import models  # noqa: E402
 from t2t.nn import layers  # noqa: E402
 

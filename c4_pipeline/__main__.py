@@ -13,10 +13,7 @@ from typing import Optional, Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from c4_pipeline import badwords
-from c4_pipeline import langid
-from c4_pipeline import pipeline
-from c4_pipeline import variants
+from c4_pipeline import badwords, langid, pipeline, variants
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -38,9 +38,7 @@ from typing import Iterable, Iterator, Optional
 
 import apache_beam as beam
 
-from c4_pipeline import counting
-from c4_pipeline import rules
-from c4_pipeline import sentences
+from c4_pipeline import counting, rules, sentences
 from c4_pipeline.page import Page
 
 SPAN_LENGTH = 3

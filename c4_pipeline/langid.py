@@ -25,8 +25,7 @@ import functools
 import os
 
 import langdetect
-from langdetect import detector_factory
-from langdetect import lang_detect_exception
+from langdetect import detector_factory, lang_detect_exception
 
 MIN_ENGLISH_PROBABILITY = 0.99
 _SEED = 0

@@ -34,14 +34,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from c4_pipeline import badwords
-from c4_pipeline import counting
-from c4_pipeline import dedup
-from c4_pipeline import langid
-from c4_pipeline import output
-from c4_pipeline import rules
-from c4_pipeline import variants
-from c4_pipeline import wet
+from c4_pipeline import badwords, counting, dedup, langid, output, rules, variants, wet
 from c4_pipeline.page import Page, normalize_url
 
 VARIANTS = ("c4", "unfiltered", "realnewslike", "webtextlike")

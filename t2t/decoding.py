@@ -177,7 +177,7 @@ def chunked_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     pad = (-vocab) % _TOP_K_CHUNK
     if pad:
         x = jnp.pad(x, ((0, 0), (0, pad)), constant_values=-jnp.inf)
-    chunks = x.reshape(rows, -1, _TOP_K_CHUNK)  # [R, C, 128]
+    chunks = x.reshape(rows, -1, _TOP_K_CHUNK)  # [R, G, 128] (G groups of 128)
     _, chunk_ids = jax.lax.top_k(jnp.max(chunks, axis=-1), k)  # [R, k]
     chunk_ids = jnp.sort(chunk_ids, axis=-1)
     candidates = jnp.take_along_axis(chunks, chunk_ids[:, :, None], axis=1)  # [R, k, 128]

@@ -1,7 +1,7 @@
 """seqio evaluation of a model's parameters on tasks, during training and after it.
 
 `Evaluator` wraps one `seqio.Evaluator` per task or mixture name: seqio reads each task's split
-once, converts it with the model's unpacked feature converter (`t2t.inference.feature_converter`)
+once, converts it with the model's unpacked feature converter (`model.feature_converter`)
 and keeps it in memory; every call decodes (greedy or beam, `models.predict_batch`) and scores
 (`models.score_batch`) it in fixed-size batches through one `t2t.inference.Predictor`, so the
 model compiles once, and seqio applies each task's postprocessor and metric functions. A call
@@ -99,7 +99,9 @@ class Evaluator:
             registry.check_ready(registry.get_task_or_mixture(name))
         _check_vocabularies(model, names)
         self._seqio = seqio.Evaluator(
-            _one_name(names), inference.feature_converter(model), eval_split=split,
+            _one_name(names),
+            model.feature_converter(pack=False, for_inference=True, count_trimmed=True),
+            eval_split=split,
             sequence_length=task_feature_lengths, num_examples=num_examples,
             logger_cls=(seqio.loggers.JSONLogger,) if log_predictions else (), log_dir=log_dir,
             async_compute_metrics=False,

@@ -8,7 +8,7 @@ parameter sets decodes an ensemble whose logits are averaged before the softmax 
 3.6, `t2t.decoding.ensemble_tokens_to_logits`).
 
 Examples reach the model through the same unpacked seqio feature converter evaluation uses
-(`feature_converter`): task examples as their task makes them, file examples (JSONL
+(`model.feature_converter`): task examples as their task makes them, file examples (JSONL
 `{"inputs": ..., "targets"?: ...}` or TSV `inputs[<TAB>targets]`) tokenized with the checkpoint's
 vocabulary and followed by EOS, as seqio tasks do. Results are written as JSONL records:
 
@@ -41,23 +41,6 @@ Example = Mapping[str, np.ndarray]
 Params = nnx.State | Sequence[nnx.State]
 INPUT_FORMATS = ("jsonl", "tsv")
 DEFAULT_MAX_DECODE_LENGTH = 128
-
-
-def feature_converter(model: models.BaseModel) -> seqio.FeatureConverter:
-    """The unpacked converter that makes prediction and scoring batches for `model`.
-
-    Encoder-decoders read seqio's `EncDecFeatureConverter` features. Both decoder-only
-    architectures read `PrefixLMFeatureConverter` features: the prompt is inputs followed by
-    targets, `decoder_causal_attention` marks the prompt (the plain LM ignores it as a mask but
-    decoding reads the prompt length from it), and the loss weights cover the targets only, so a
-    score is log p(targets | inputs) for either architecture.
-    """
-    from t2t.data import features
-
-    if model.config.is_decoder_only:
-        return features.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=True,
-                                                 count_trimmed=True)
-    return features.EncDecFeatureConverter(pack=False, count_trimmed=True)
 
 
 class Predictor:
@@ -349,7 +332,7 @@ def encode_examples(
 def convert(
     model: models.BaseModel, examples: Sequence[Example], lengths: Mapping[str, int]
 ) -> list[dict[str, np.ndarray]]:
-    """Task-feature examples -> the model features of `feature_converter(model)`, padded."""
+    """Task-feature examples -> the model features of `model.feature_converter`, padded."""
     import tensorflow as tf
 
     signature = {name: tf.TensorSpec([None], tf.int32) for name in ("inputs", "targets")}
@@ -357,7 +340,8 @@ def convert(
         lambda: ({name: e[name] for name in signature} for e in examples),
         output_signature=signature,
     )
-    return list(feature_converter(model)(dataset, dict(lengths)).as_numpy_iterator())
+    converter = model.feature_converter(pack=False, for_inference=True, count_trimmed=True)
+    return list(converter(dataset, dict(lengths)).as_numpy_iterator())
 
 
 def predict_examples(

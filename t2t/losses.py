@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 NORMALIZING_MODES = ("num_real_target_tokens", "num_total_target_tokens", "average_per_sequence")
-# The aux key of a batch-dependent loss denominator (`t2t.optim.LOSS_DENOMINATOR` is the same).
+# The aux key of a batch-dependent loss denominator (read by `t2t.optim.accumulate_gradients`).
 LOSS_DENOMINATOR = "loss_denominator"
 
 

@@ -39,7 +39,7 @@ def _require(batch: Batch, names: Sequence[str], what: str) -> None:
     if missing:
         raise ValueError(
             f"{what} needs batch features {list(names)}; missing {missing}, got {sorted(batch)}. "
-            "Make batches with the model's FEATURE_CONVERTER_CLS."
+            "Make batches with the model's feature_converter()."
         )
 
 
@@ -84,8 +84,6 @@ class BaseModel:
         `KERNEL_FIRST_ROWS`.
     """
 
-    FEATURE_CONVERTER_CLS: type[seqio.FeatureConverter]
-
     def __init__(
         self,
         config: t2t_nn.TransformerConfig,
@@ -107,6 +105,31 @@ class BaseModel:
         abstract = nnx.eval_shape(lambda: t2t_nn.build(config, nnx.Rngs(params=0)))
         self.graphdef, self._abstract_params = nnx.split(abstract)
         self._decoding_graphdef = None  # built at the first decode of a scanned model
+
+    def feature_converter(
+        self, *, pack: bool = True, has_inputs: bool = True, for_inference: bool = False,
+        count_trimmed: bool = False,
+    ) -> seqio.FeatureConverter:
+        """The seqio converter that makes this model's batches: its data contract, the one
+        training, evaluation and inference all use.
+
+        Args:
+          pack: pack several examples per row (training); False pads each (prediction,
+            scoring, evaluation).
+          has_inputs: whether the task has `inputs` (False: a targets-only LM task).
+          for_inference: batches to decode or score. Both decoder-only architectures then read
+            prefix-LM features: `decoder_causal_attention` marks the prompt (inputs), which
+            decoding needs (the plain LM ignores it as a mask), and the loss weights cover the
+            targets only, so a score is log p(targets | inputs).
+          count_trimmed: count the over-length examples trimmed (`t2t.data.features`).
+        """
+        from t2t.data import features
+
+        architecture = self.config.architecture
+        if for_inference and self.config.is_decoder_only:
+            architecture = "prefix_lm"
+        return features.feature_converter(architecture, has_inputs=has_inputs, pack=pack,
+                                          count_trimmed=count_trimmed)
 
     def abstract_params(self) -> nnx.State:
         """The parameter tree with `jax.ShapeDtypeStruct` leaves (no memory used)."""
@@ -148,7 +171,7 @@ class BaseModel:
 
         Args:
           params: the network parameters.
-          batch: model features of FEATURE_CONVERTER_CLS (packed or not).
+          batch: model features of `feature_converter()` (packed or not).
           dropout_rng: a PRNG key for dropout, or None for a deterministic pass.
 
         Returns:
@@ -298,8 +321,6 @@ class EncoderDecoderModel(BaseModel):
     """T5's encoder-decoder (and the paper's shared-parameter variant) with seqio's
     `EncDecFeatureConverter` batches."""
 
-    FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
-
     def __init__(self, config: t2t_nn.TransformerConfig, **kwargs):
         if config.is_decoder_only:
             raise ValueError(
@@ -360,8 +381,6 @@ class DecoderOnlyModel(BaseModel):
     the positions where `decoder_causal_attention` is 1 hold [0, x_1, ..., x_P] for inputs
     x_1..x_P, and the output is the continuation after x_P.
     """
-
-    FEATURE_CONVERTER_CLS = seqio.DecoderFeatureConverter
 
     def __init__(self, config: t2t_nn.TransformerConfig, **kwargs):
         if not config.is_decoder_only:

@@ -23,9 +23,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
-from t2t.partitioning import param_path
+from t2t import losses
+from t2t.partitioning import is_variable, param_path
 
 # ----------------------------------------------------------------------------------------------
 # Adafactor
@@ -50,7 +50,7 @@ def adafactor(
         factored (the two largest dims both >= min_dim_size_to_factor), R rows, C columns:
             r = beta2_t r + (1 - beta2_t) mean_cols(G^2 + epsilon1)      [R]
             c = beta2_t c + (1 - beta2_t) mean_rows(G^2 + epsilon1)      [C]
-            V = r c^T / mean(r)                                          [R, C]
+            V = r c^T / mean(r)                                          [rows, columns]
         otherwise V = beta2_t V + (1 - beta2_t) (G^2 + epsilon1)
         U = G / sqrt(V);  U = U / max(1, RMS(U) / clipping_threshold)
         X = X - learning_rate_t * max(min_param_scale, RMS(X)) * U
@@ -245,7 +245,7 @@ def _check_warmup(warmup_steps: int, total_steps: int) -> None:
 # ----------------------------------------------------------------------------------------------
 
 # The key of `aux` that carries a microbatch's loss denominator (see `accumulate_gradients`).
-LOSS_DENOMINATOR = "loss_denominator"
+LOSS_DENOMINATOR = losses.LOSS_DENOMINATOR  # the aux key of a batch-dependent denominator
 
 
 def accumulate_gradients(
@@ -382,18 +382,14 @@ def param_labels(
 
     def label_of(path, x):
         name = param_path(path)
-        names = tuple(x.get_metadata().get("out_sharding") or ()) if _is_var(x) else ()
+        names = tuple(x.get_metadata().get("out_sharding") or ()) if is_variable(x) else ()
         for matcher, label in compiled:
             hit = matcher.search(name) if isinstance(matcher, re.Pattern) else matcher(name, names)
             if hit:
-                return x.replace(label) if _is_var(x) else label
-        return x.replace(default) if _is_var(x) else default
+                return x.replace(label) if is_variable(x) else label
+        return x.replace(default) if is_variable(x) else default
 
-    return jax.tree_util.tree_map_with_path(label_of, params, is_leaf=_is_var)
-
-
-def _is_var(x: Any) -> bool:
-    return isinstance(x, nnx.Variable)
+    return jax.tree_util.tree_map_with_path(label_of, params, is_leaf=is_variable)
 
 
 def label_transforms(

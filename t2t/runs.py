@@ -42,13 +42,10 @@ import gin
 import optax
 
 from t2t import decoding, models, optim
-from t2t.finetuning import FineTuning
-from t2t.trainer import monitors
 from t2t import nn as t2t_nn
+from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
-
-CONFIG_GIN_FILE = "config.gin"
-MODEL_CONFIG_FILE = "model_config.json"
+from t2t.trainer import monitors
 
 # -- external configurables ----------------------------------------------------------------------
 
@@ -222,7 +219,8 @@ def _train(*, model_dir, mixture_or_task, task_feature_lengths, train_steps, mod
     partitioner = partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
     shard_index, num_shards = partitioner.data_shard()
     data = dict(task_feature_lengths=dict(task_feature_lengths), global_batch_size=batch_size,
-                architecture=config.architecture, pack=pack, use_cached=use_cached, seed=seed,
+                architecture=config.architecture, feature_converter=model.feature_converter,
+                pack=pack, use_cached=use_cached, seed=seed,
                 shard_index=shard_index, num_shards=num_shards)
     train_config = pipeline.PipelineConfig(mixture_or_task, **data,
                                            max_examples=max_train_examples)
@@ -410,9 +408,9 @@ def write_run_files(model_dir: str, config: TransformerConfig,
     if jax.process_index() != 0:
         return
     os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, CONFIG_GIN_FILE), "w") as f:
+    with open(os.path.join(model_dir, model_dir_lib.CONFIG_GIN), "w") as f:
         f.write(gin.operative_config_str())
-    with open(os.path.join(model_dir, MODEL_CONFIG_FILE), "w") as f:
+    with open(os.path.join(model_dir, model_dir_lib.MODEL_CONFIG_JSON), "w") as f:
         json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
     copy = os.path.join(model_dir, model_dir_lib.VOCABULARY_FILE)
     if vocabulary_file and os.path.abspath(vocabulary_file) != os.path.abspath(copy):
@@ -532,7 +530,8 @@ def evaluate(
     selection = "all" if all_steps else (list(steps) if steps is not None else
                                          None if step is None else [step])
     import_task_modules(modules, names)
-    use_carried_vocabulary(model_dir, *_names(checkpoints or [], "evaluate.checkpoints"))
+    use_carried_vocabulary(model_dir, *(_names(checkpoints, "evaluate.checkpoints")
+                                        if checkpoints else ()))
     if isinstance(rank_classification, str):
         rank_classification = _names(rank_classification, "evaluate.rank_classification")
     options = dict(split=split, task_feature_lengths=task_feature_lengths,

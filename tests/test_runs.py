@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from t2t import cli, runs
+from t2t import cli, models, runs
 from t2t.trainer import loop, reporting
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
@@ -125,7 +125,16 @@ def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
                                [expected[s] for s in range(1, 10)], rtol=1e-6)
 
 
-def test_finetune_from_the_demo_reports_the_task_metric(tmp_path):
+def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
+    # Every path asks the model wrapper for its converter: training, evaluation, inference.
+    asked = []
+    own = models.BaseModel.feature_converter
+
+    def spy(self, **kwargs):
+        asked.append("inference" if kwargs.get("for_inference") else "training")
+        return own(self, **kwargs)
+
+    monkeypatch.setattr(models.BaseModel, "feature_converter", spy)
     pretrained = tmp_path / "pretrained"
     _train(pretrained, "TRAIN_STEPS = 4", "t2t.runs.train.eval_every = None")
     runs.configure([FINETUNE], [
@@ -139,6 +148,13 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path):
     assert 0.0 <= accuracy <= 100.0
     assert "builtin_package/loss" in summary["eval"]
     assert len(summary["predictions"]) == 2
+    assert {"training", "inference"} <= set(asked)  # the train pipeline and the evaluator
+    asked.clear()
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"inputs": "Return the number of items."}\n')
+    assert cli.main(["infer", f"--model_dir={tmp_path / 'package'}", f"--input_file={source}",
+                     f"--output_file={tmp_path / 'out.jsonl'}", "--max_decode_length=4"]) == 0
+    assert asked == ["inference"]
 
 
 def test_an_unquoted_string_binding_is_a_message_not_a_traceback(tmp_path, capsys):

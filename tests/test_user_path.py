@@ -4,7 +4,6 @@ vocabulary), bugs get exit 1 and their stack, --traceback shows the stack of any
 `t2t cache --task` builds a seqio cache that training reads back identically."""
 
 import os
-import textwrap
 
 import numpy as np
 import pytest

@@ -66,9 +66,10 @@ def ticking(label: str, *, enabled: bool = True, every: float = 5.0) -> Iterator
               end=end if interactive else "\n", file=sys.stderr, flush=True)
 
 
-def batch_shapes(architecture: str, task_feature_lengths: Mapping[str, int], batch_size: int,
-                 *, pack: bool = True) -> dict[str, tuple[int, ...]]:
-    """The model features of one global training batch and their shapes (all int32).
+def batch_shapes(model: models.BaseModel | str, task_feature_lengths: Mapping[str, int],
+                 batch_size: int, *, pack: bool = True) -> dict[str, tuple[int, ...]]:
+    """The model features of one global training batch and their shapes (all int32), from the
+    model wrapper's converter (an architecture name stands for its model).
 
     Example: encoder-decoder, {"inputs": 512, "targets": 114}, 128 rows, packed ->
     encoder_input_tokens / _segment_ids / _positions (128, 512) and decoder_input_tokens /
@@ -76,8 +77,11 @@ def batch_shapes(architecture: str, task_feature_lengths: Mapping[str, int], bat
     """
     from t2t.data import features  # imports seqio and TensorFlow (data only, no device)
 
-    converter = features.feature_converter(
-        architecture, has_inputs="inputs" in task_feature_lengths, pack=pack)
+    has_inputs = "inputs" in task_feature_lengths
+    if isinstance(model, str):
+        converter = features.feature_converter(model, has_inputs=has_inputs, pack=pack)
+    else:
+        converter = model.feature_converter(pack=pack, has_inputs=has_inputs)
     lengths = features.model_feature_lengths(converter, task_feature_lengths)
     return {name: (batch_size, length) for name, length in lengths.items()}
 

@@ -180,7 +180,7 @@ def compile_run(
     _check_batch(shape, partitioner)
     capacity = target.chip.memory_bytes if target.chip else None
     params, opt_state = programs.abstract_state(model, tx, partitioner)
-    batch = programs.batch_shapes(config.architecture, shape.task_feature_lengths,
+    batch = programs.batch_shapes(model, shape.task_feature_lengths,
                                   shape.batch_size, pack=shape.pack)
     train = _compile_or_oom(lambda: programs.compile_train_step(
         model, tx, partitioner, batch, num_microbatches=shape.num_microbatches,

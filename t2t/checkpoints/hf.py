@@ -7,7 +7,7 @@ so no torch is needed; `transformers.T5ForConditionalGeneration.from_pretrained`
 
 `rename_table(config)` is the single source of truth for both directions: one row per parameter,
 pairing the t2t path with the HF key and saying whether the array is transposed (HF linear weights
-are `[out, in]`, t2t kernels `[in, out]`; HF's relative bias is `[R, N]`, t2t's `[N, R]`).
+are `[out, in]`, t2t kernels `[in, out]`; HF's relative bias is `[U, N]`, t2t's `[N, U]`).
 """
 
 from __future__ import annotations

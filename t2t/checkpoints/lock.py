@@ -253,8 +253,8 @@ def hold(model_dir: str, **kwargs):
         with RunLock(model_dir, **kwargs) as lock:
             yield lock
         return
-    from jax.experimental import multihost_utils
     import numpy as np
+    from jax.experimental import multihost_utils
 
     lock, error = None, ""
     if jax.process_index() == 0:

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import seqio
@@ -30,7 +30,8 @@ class PipelineConfig:
       mixture_or_task: a registered task or mixture name.
       task_feature_lengths: lengths of the task features, e.g. {"inputs": 512, "targets": 114}.
       global_batch_size: rows per step over all hosts (split evenly between them).
-      architecture: one of `features.ARCHITECTURES`; picks the feature converter.
+      architecture: one of `features.ARCHITECTURES`; picks the feature converter when
+        `feature_converter` is None (data-only uses: tests, benchmarks).
       split: the data split.
       seed: seeds shuffling, mixture sampling and random preprocessors (None: nondeterministic).
       shuffle: shuffle the data (training).
@@ -41,6 +42,9 @@ class PipelineConfig:
       num_shards: number of hosts reading disjoint shards (`jax.process_count()`).
       max_examples: train on at most this many examples of the task, a subset chosen by `seed`
         (`t2t.data.subsample`); None: all of them.
+      feature_converter: the model's converter factory, `model.feature_converter`
+        (`(pack=..., has_inputs=...) -> seqio.FeatureConverter`): runs pass it, so the model
+        wrapper decides which features its batches have.
     """
 
     mixture_or_task: str
@@ -56,6 +60,8 @@ class PipelineConfig:
     shard_index: int = 0
     num_shards: int = 1
     max_examples: int | None = None
+    feature_converter: Callable[..., seqio.FeatureConverter] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not 0 <= self.shard_index < self.num_shards:
@@ -91,9 +97,12 @@ def build_dataset_and_subset(config: PipelineConfig):
     provider = registry.get_task_or_mixture(config.mixture_or_task)
     registry.check_ready(provider, use_cached=config.use_cached)
     lengths = _lengths_for(provider, config.task_feature_lengths)
-    converter = features.feature_converter(
-        config.architecture, has_inputs=features.task_has_inputs(provider), pack=config.pack
-    )
+    has_inputs = features.task_has_inputs(provider)
+    if config.feature_converter is not None:
+        converter = config.feature_converter(pack=config.pack, has_inputs=has_inputs)
+    else:
+        converter = features.feature_converter(config.architecture, has_inputs=has_inputs,
+                                               pack=config.pack)
     subset = None
     if config.max_examples is not None:
         dataset, subset = _capped(provider, lengths, converter, config)

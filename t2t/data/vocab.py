@@ -18,8 +18,8 @@ import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
 
-import seqio
 import sentencepiece as spm
+import seqio
 
 NUM_SENTINELS = 100
 PAD_ID = 0

@@ -27,10 +27,9 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from flax import nnx
 
 from t2t.nn.additions import is_added
-from t2t.partitioning import param_path
+from t2t.partitioning import is_variable, param_path
 
 STACKS = ("encoder", "decoder")
 _LAYER = re.compile(r"^layers_(\d+)$")
@@ -146,12 +145,8 @@ def depths_of(params: Any) -> dict[str, int]:
     return depths
 
 
-def _is_variable(x: Any) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
 def _value(leaf: Any) -> Any:
-    return leaf.get_value() if _is_variable(leaf) else leaf
+    return leaf.get_value() if is_variable(leaf) else leaf
 
 
 def _shape(leaf: Any) -> tuple[int, ...]:
@@ -165,7 +160,7 @@ def _absent(leaf: Any) -> bool:
 
 def leaf_shapes(params: Any) -> list[tuple[str, tuple[int, ...]]]:
     """(path, shape) of every parameter, in tree order."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_variable)
+    flat, _ = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_variable)
     return [(param_path(path), _shape(leaf)) for path, leaf in flat if not _absent(leaf)]
 
 
@@ -178,9 +173,9 @@ def map_params(fn: Callable[[str, tuple[int, ...]], Any], params: Any) -> Any:
         if _absent(leaf):
             return leaf
         value = fn(param_path(path), _shape(leaf))
-        return leaf.replace(value) if _is_variable(leaf) else value
+        return leaf.replace(value) if is_variable(leaf) else value
 
-    return jax.tree_util.tree_map_with_path(one, params, is_leaf=_is_variable)
+    return jax.tree_util.tree_map_with_path(one, params, is_leaf=is_variable)
 
 
 Spec = str
@@ -243,8 +238,8 @@ def select(params: Any, specs: Sequence[Spec], depths: Mapping[str, int] | None 
 
 def masks_of(masks: Any) -> list[bool | np.ndarray]:
     """The masks of a tree from `select`, in tree order."""
-    flat, _ = jax.tree_util.tree_flatten(masks, is_leaf=_is_variable)
-    return [m.get_value() if _is_variable(m) else m for m in flat]
+    flat, _ = jax.tree_util.tree_flatten(masks, is_leaf=is_variable)
+    return [m.get_value() if is_variable(m) else m for m in flat]
 
 
 def count(params: Any, masks: Any) -> int:

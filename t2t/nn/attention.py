@@ -15,8 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t2t.nn import axes, layers
-from t2t.nn.sharding import constrain
 from t2t.nn.config import TransformerConfig
+from t2t.nn.sharding import constrain
 
 
 class MultiHeadAttention(nnx.Module):

@@ -45,9 +45,15 @@ AT_USE = {VOCAB: ACT_VOCAB, EMBED: ACT_EMBED, MLP: ACT_MLP, HEADS: ACT_HEADS, KV
           JOINED_KV: ACT_HEADS, RELPOS_BUCKETS: None, LAYERS: None, ADAPTER: None,
           LORA_RANK: None, PROMPT: None}
 
-# The layouts of the constrained activations (see `t2t.nn.sharding.constrain`), in the one-letter
-# alphabet of the shape comments: B batch (or decoding rows), L length, D d_model, F d_ff, N heads,
-# H d_kv, V vocab.
+# The one-letter dimension alphabet of every shape comment and einsum in t2t (docs/architecture.md):
+#   B batch            L query (sequence) length    S key length / cache positions
+#   T decoded or target length     W prompt length before the decoded tokens
+#   D d_model          F d_ff             N heads            H d_kv
+#   V vocabulary       U relative position buckets
+#   K beams            R rows of a decoding step (B, or B x K)
+#   C candidates (rank classification)    P soft-prompt length    G groups (chunks)
+#   M, I, O the rows, inputs and outputs of a generic matmul [M, I] x [I, O]
+# The layouts of the constrained activations (see `t2t.nn.sharding.constrain`) in that alphabet:
 BLD = (ACT_BATCH, ACT_LENGTH, ACT_EMBED)  # embeddings out, each layer's residual stream
 BLF = (ACT_BATCH, ACT_LENGTH, ACT_MLP)  # MLP hidden units
 BLNH = (ACT_BATCH, ACT_LENGTH, ACT_HEADS, ACT_KV)  # attention queries, attention output

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t2t.nn import axes
-from t2t.nn.sharding import constrain
 from t2t.nn.config import TransformerConfig
+from t2t.nn.sharding import constrain
 
 Initializer = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 
@@ -176,24 +176,24 @@ class Dense(nnx.Module):
 
 
 def kernel_first_matmul(x: jax.Array, kernel_t: jax.Array, **kwargs) -> jax.Array:
-    """[..., K] x [N, K] -> [..., N] computed as `(kernel_t @ x^T)^T`: the kernel on the left.
+    """[..., I] x [O, I] -> [..., O] computed as `(kernel_t @ x^T)^T`: the kernel on the left.
 
     NOTE: with few rows (a decoding step multiplies the batch, or batch x beams, by every kernel)
-    XLA's CPU matmuls are much faster with the large operand on the left, stored [N, K], and the
+    XLA's CPU matmuls are much faster with the large operand on the left, stored [O, I], and the
     rows on the right. Measured on T5-small's shapes at 4-32 rows: the MLP and attention
-    projections 1.6-2.9x faster than `[M, K] x [K, N]`, the tied logits 1.4-1.5x faster than
+    projections 1.6-2.9x faster than `[M, I] x [I, O]`, the tied logits 1.4-1.5x faster than
     `[M, D] x [V, D]^T`; level at one row (`benchmarks/kernel_first_bench.py`). The product
-    comes out [N, M]; the barrier keeps XLA from folding the (small) transpose back into the
+    comes out [O, M]; the barrier keeps XLA from folding the (small) transpose back into the
     product, which would restore the slow form.
     """
-    flat = x.reshape(-1, x.shape[-1])  # [M, K]
-    out_t = jnp.einsum("NK,MK->NM", kernel_t, flat, **kwargs)
-    out = jax.lax.optimization_barrier(out_t).T  # [M, N]
+    flat = x.reshape(-1, x.shape[-1])  # [M, I]
+    out_t = jnp.einsum("OI,MI->OM", kernel_t, flat, **kwargs)
+    out = jax.lax.optimization_barrier(out_t).T  # [M, O]
     return out.reshape(*x.shape[:-1], kernel_t.shape[0])
 
 
 def matmul(x: jax.Array, kernel: jax.Array, **kwargs) -> jax.Array:
-    """[..., K] x [K, N] -> [..., N], as one 2-D matmul over the flattened leading dimensions.
+    """[..., I] x [I, O] -> [..., O], as one 2-D matmul over the flattened leading dimensions.
 
     NOTE: XLA's CPU backend turns the weight gradient of a matmul with 3-D activations
     (contracting over both batch and length) into a dot that needs a transposed copy of the

@@ -1,7 +1,7 @@
 """T5's relative position bias: the bucket function and the per-stack bias table.
 
 T5 has no absolute position embeddings. Each attention logit gets a learned scalar per head that
-depends only on the bucket of the distance `key_pos - query_pos`. One table `[N, R]` serves every
+depends only on the bucket of the distance `key_pos - query_pos`. One table `[N, U]` serves every
 layer of a stack, so the stack computes the bias once per call and hands it to all its layers.
 """
 
@@ -39,7 +39,7 @@ def relative_position_bucket(
     Args:
       relative_position: [...] int, key position minus query position.
       bidirectional: whether keys after the query are distinguished from those before.
-      num_buckets: R.
+      num_buckets: U.
       max_distance: distance at which buckets saturate.
 
     Returns:
@@ -66,7 +66,7 @@ def relative_position_bucket(
 
 
 class RelativePositionBias(nnx.Module):
-    """The bias table `rel_embedding` [N, R] of one stack."""
+    """The bias table `rel_embedding` [N, U] of one stack."""
 
     def __init__(self, config: TransformerConfig, *, bidirectional: bool, rngs: layers.Keys):
         self.bidirectional = bidirectional
@@ -99,6 +99,6 @@ class RelativePositionBias(nnx.Module):
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
         )
-        table = self.rel_embedding[...].astype(jnp.float32)  # [N, R]
+        table = self.rel_embedding[...].astype(jnp.float32)  # [N, U]
         bias = jnp.take(table, buckets, axis=1)  # [N, B, L, S]
         return jnp.transpose(bias, (1, 0, 2, 3))  # [B, N, L, S]

@@ -31,7 +31,7 @@ from t2t.partitioning.mesh import (
     make_mesh,
     resolve_mesh_shape,
 )
-from t2t.partitioning.partitioner import Partitioner, make_partitioner, param_path
+from t2t.partitioning.partitioner import Partitioner, is_variable, make_partitioner, param_path
 from t2t.partitioning.rules import (
     DATA,
     MESH_AXES,
@@ -42,6 +42,7 @@ from t2t.partitioning.rules import (
 )
 
 __all__ = [
+    "is_variable",
     "DATA",
     "MESH_AXES",
     "MODEL",

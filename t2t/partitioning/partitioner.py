@@ -23,13 +23,14 @@ from t2t.partitioning.mesh import data_shard_of_process, make_mesh
 from t2t.partitioning.rules import MESH_AXES, LogicalRules, logical_axis_rules
 
 
-def _is_variable(x: Any) -> bool:
+def is_variable(x: Any) -> bool:
+    """Whether a tree leaf is an NNX variable (the `is_leaf` of parameter-tree maps)."""
     return isinstance(x, nnx.Variable)
 
 
 def _logical_names(x: Any) -> tuple[str | None, ...]:
     """The logical axis names a leaf was annotated with; () for unannotated leaves."""
-    if _is_variable(x):
+    if is_variable(x):
         return tuple(x.get_metadata().get("out_sharding") or ())
     return ()
 
@@ -153,11 +154,11 @@ class Partitioner:
         """
 
         def leaf_sharding(path, x):
-            shape = np.shape(x.get_value() if _is_variable(x) else x)
+            shape = np.shape(x.get_value() if is_variable(x) else x)
             sharding = self.sharding(_logical_names(x), shape, what=param_path(path))
-            return x.replace(sharding) if _is_variable(x) else sharding
+            return x.replace(sharding) if is_variable(x) else sharding
 
-        return jax.tree_util.tree_map_with_path(leaf_sharding, tree, is_leaf=_is_variable)
+        return jax.tree_util.tree_map_with_path(leaf_sharding, tree, is_leaf=is_variable)
 
     def optimizer_shardings(self, opt_state: Any, params: Any) -> Any:
         """Shardings for an optimizer state whose statistics mirror `params`.
@@ -173,8 +174,8 @@ class Partitioner:
             params: the parameter tree the state was made for (Variables with annotations).
         """
         by_path = {}
-        for path, x in jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_variable)[0]:
-            value = x.get_value() if _is_variable(x) else x
+        for path, x in jax.tree_util.tree_flatten_with_path(params, is_leaf=is_variable)[0]:
+            value = x.get_value() if is_variable(x) else x
             by_path[param_path(path)] = (np.shape(value), _logical_names(x))
         leaves, treedef = jax.tree_util.tree_flatten_with_path(opt_state)
         shardings = []

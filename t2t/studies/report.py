@@ -8,7 +8,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from t2t.studies import aggregate, paper as paper_data
+from t2t.studies import aggregate
+from t2t.studies import paper as paper_data
 
 # A reproduced ordering counts as significant below this p-value.
 SIGNIFICANCE = 0.05

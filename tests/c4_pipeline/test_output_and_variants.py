@@ -9,8 +9,7 @@ import tensorflow as tf
 from apache_beam.testing import util as beam_util
 from hypothesis import strategies as st
 
-from c4_pipeline import output
-from c4_pipeline import variants
+from c4_pipeline import output, variants
 from c4_pipeline.page import Page
 
 

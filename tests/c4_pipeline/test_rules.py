@@ -4,8 +4,7 @@ import collections
 
 import pytest
 
-from c4_pipeline import rules
-from c4_pipeline import sentences
+from c4_pipeline import rules, sentences
 
 
 def _run(fn, text, **kwargs):
@@ -117,12 +116,12 @@ def test_has_enough_sentences_docstring_example():
 
 def test_clean_line_counts_only_the_first_failing_rule():
     # Fails the word count and mentions javascript; only the first failing rule counts.
-    assert _run(lambda l, c: rules.clean_line(l, c), "javascript is off.") == (
+    assert _run(lambda line, c: rules.clean_line(line, c), "javascript is off.") == (
         None,
         {"line_dropped:too_few_words": 1},
     )
-    assert _run(lambda l, c: rules.clean_line(l, c), "   ") == (None, {"line_dropped:blank": 1})
-    assert _run(lambda l, c: rules.clean_line(l, c), "  Our shop opens at seven every day![2]  ") == (
+    assert _run(lambda line, c: rules.clean_line(line, c), "   ") == (None, {"line_dropped:blank": 1})
+    assert _run(lambda line, c: rules.clean_line(line, c), "  Our shop opens at seven every day![2]  ") == (
         "Our shop opens at seven every day!",
         {"citation_removed": 1, "line_kept": 1},
     )

@@ -7,8 +7,8 @@ output is known exactly.
 
 import numpy as np
 import pytest
-import seqio
 import sentencepiece as spm
+import seqio
 import tensorflow as tf
 
 from t2t.data.tasks import c4_pipeline as c4_tasks

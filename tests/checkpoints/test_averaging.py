@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+
 from t2t import models, nn
 from t2t.checkpoints import averaging
 from t2t.checkpoints.manager import CheckpointManager

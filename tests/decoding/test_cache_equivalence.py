@@ -5,7 +5,6 @@ plus the index, batch-first like any cache) and runs the full teacher-forced net
 so it shares nothing with the network's KV cache.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -1,10 +1,10 @@
 """The FLOPs counter against docs/spec.md section 12 and against the matmuls of the traced network."""
 
 import jax
-from jax.extend import core as jex_core
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from jax.extend import core as jex_core
 
 import t2t.nn as tn
 from t2t.nn import flops

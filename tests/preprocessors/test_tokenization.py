@@ -1,12 +1,12 @@
 """Batched tokenization equals seqio's tokenize; objectives run inside a seqio Task end to end."""
 
 import functools
+import pydoc_data.topics
 
 import numpy as np
-import pydoc_data.topics
 import pytest
-import seqio
 import sentencepiece as spm
+import seqio
 import tensorflow as tf
 
 import preprocessors

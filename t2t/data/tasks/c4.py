@@ -6,8 +6,8 @@ default, trained with task feature lengths inputs 512 / targets 114 (DEFAULT_FEA
 Also registers the paper's sweeps: i.i.d. corruption rates 10/15/25/50% (Table 6) as
 `c4_iid_noise_replace_spans_rate<percent>` and span lengths 2/3/5/10 (Table 7) as
 `c4_span_corruption_span<length>`. On any corpus the same sweeps are one gin binding of the
-objective's knob (`span_corruption.mean_noise_span_length = 10.0`, see `t2t.runs`). The vocabulary is `vocab.default_vocabulary()`
-(`$T2T_VOCABULARY`, else T5's public model).
+objective's knob (`span_corruption.mean_noise_span_length = 10.0`, see `t2t.runs`). The
+vocabulary is `vocab.default_vocabulary()` (`$T2T_VOCABULARY`, else T5's public model).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 import seqio
 
 from t2t.data import mixtures
-from t2t.data.tasks import c4, generation, glue, superglue
+from t2t.data.tasks import c4, generation, glue, superglue  # noqa: F401 (registers their tasks)
 
 UNLABELED_TASK = "c4_span_corruption"
 # Supervised training tasks by group; a group is left out as a whole in leave-one-out mixtures.

@@ -10,7 +10,7 @@ Registers `super_glue_<task>` for boolq, cb, copa, multirc, record, rte, wic, th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import seqio
