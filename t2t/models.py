@@ -108,7 +108,7 @@ class BaseModel:
 
     def feature_converter(
         self, *, pack: bool = True, has_inputs: bool = True, for_inference: bool = False,
-        count_trimmed: bool = False,
+        count_trimmed: bool = False, trim: bool = True,
     ) -> seqio.FeatureConverter:
         """The seqio converter that makes this model's batches: its data contract, the one
         training, evaluation and inference all use.
@@ -122,6 +122,7 @@ class BaseModel:
             decoding needs (the plain LM ignores it as a mask), and the loss weights cover the
             targets only, so a score is log p(targets | inputs).
           count_trimmed: count the over-length examples trimmed (`t2t.data.features`).
+          trim: cut over-length examples first (False where seqio already trimmed them).
         """
         from t2t.data import features
 
@@ -129,7 +130,7 @@ class BaseModel:
         if for_inference and self.config.is_decoder_only:
             architecture = "prefix_lm"
         return features.feature_converter(architecture, has_inputs=has_inputs, pack=pack,
-                                          count_trimmed=count_trimmed)
+                                          count_trimmed=count_trimmed, trim=trim)
 
     def abstract_params(self) -> nnx.State:
         """The parameter tree with `jax.ShapeDtypeStruct` leaves (no memory used)."""

@@ -357,6 +357,8 @@ class CheckpointManager:
         except MissingIteratorStateError:
             raise
         except Exception as error:  # noqa: BLE001
+            if _ITERATOR_MISMATCH in str(error):  # intact, but another input pipeline's state
+                raise IncompatibleDataPipelineError(os.fspath(self.directory), step) from error
             # What is left after the shape check is unreadable data; TensorStore raises bare
             # Exceptions for it (a truncated file), Orbax KeyErrors for missing entries.
             raise self._damaged(step, _item_of(error, items), _first_line(error)) from error
@@ -515,6 +517,24 @@ class IncompatibleCheckpointError(ValueError):
             "config.gin are beside it), or give a new MODEL_DIR; to start a new run from its "
             "parameters, use INIT_CHECKPOINT.")
         self.step, self.item = step, item
+
+
+# tf.data's words when a saved iterator does not fit the dataset restoring it.
+_ITERATOR_MISMATCH = "Failed to restore dataset iterator"
+
+
+class IncompatibleDataPipelineError(ValueError):
+    """An intact checkpoint whose saved input-pipeline position does not fit this run's
+    pipeline (another objective, preprocessing or t2t version changed the tf.data graph)."""
+
+    def __init__(self, directory: str, step: int):
+        super().__init__(
+            f"The checkpoint of step {step} in {directory} is intact, but its saved data position "
+            "does not fit this run's input pipeline (tf.data says the dataset definition "
+            "changed: another objective, preprocessing, or a t2t version that builds it "
+            "differently). Resume with the configuration and version that wrote it, or start a "
+            "new MODEL_DIR from its parameters with INIT_CHECKPOINT. Nothing was moved.")
+        self.step = step
 
 
 def _first_line(error: BaseException) -> str:

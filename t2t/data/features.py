@@ -62,9 +62,10 @@ def trim_to_lengths(
 class _TrimsFirst:
     """Mixin for seqio converters: over-length examples are trimmed (see the module doc)."""
 
-    def __init__(self, *args, count_trimmed: bool = False, **kwargs):
+    def __init__(self, *args, count_trimmed: bool = False, trim: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self._counter = tf.Variable(0, dtype=tf.int64, trainable=False) if count_trimmed else None
+        self._trim = trim
         self._reported = False
 
     @property
@@ -78,8 +79,9 @@ class _TrimsFirst:
         return count
 
     def __call__(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]):
-        return super().__call__(trim_to_lengths(ds, task_feature_lengths, self._counter),
-                                task_feature_lengths)
+        if self._trim:
+            ds = trim_to_lengths(ds, task_feature_lengths, self._counter)
+        return super().__call__(ds, task_feature_lengths)
 
 
 class EncDecFeatureConverter(_TrimsFirst, seqio.EncDecFeatureConverter):
@@ -126,6 +128,7 @@ def feature_converter(
     pack: bool = True,
     loss_on_targets_only: bool = True,
     count_trimmed: bool = False,
+    trim: bool = True,
 ) -> seqio.FeatureConverter:
     """The feature converter for `architecture` on a task with or without an `inputs` feature.
 
@@ -136,6 +139,9 @@ def feature_converter(
       loss_on_targets_only: for decoder-only architectures on an inputs/targets task, whether the
         loss skips the input part of the concatenated sequence.
       count_trimmed: count the over-length examples trimmed (not where the iterator is saved).
+      trim: cut over-length examples; False for data `seqio.get_dataset` already trimmed (the
+        training pipeline), which keeps the pipeline's tf.data graph, and so its saved
+        iterator positions, as they were before converters trimmed.
 
     Raises:
       ValueError: for an unknown architecture, or an encoder-decoder with no inputs.
@@ -148,11 +154,12 @@ def feature_converter(
                 f"Architecture {architecture!r} needs tasks with an 'inputs' feature; this task has "
                 "only 'targets'. Use a denoising or prefix objective, or a decoder-only architecture."
             )
-        return EncDecFeatureConverter(pack=pack, count_trimmed=count_trimmed)
+        return EncDecFeatureConverter(pack=pack, count_trimmed=count_trimmed, trim=trim)
     if not has_inputs:
-        return LMFeatureConverter(pack=pack, count_trimmed=count_trimmed)
+        return LMFeatureConverter(pack=pack, count_trimmed=count_trimmed, trim=trim)
     cls = PrefixLMFeatureConverter if architecture == "prefix_lm" else CausalConcatFeatureConverter
-    return cls(loss_on_targets_only=loss_on_targets_only, pack=pack, count_trimmed=count_trimmed)
+    return cls(loss_on_targets_only=loss_on_targets_only, pack=pack, count_trimmed=count_trimmed,
+               trim=trim)
 
 
 def task_has_inputs(provider: seqio.Task | seqio.Mixture) -> bool:

@@ -98,11 +98,14 @@ def build_dataset_and_subset(config: PipelineConfig):
     registry.check_ready(provider, use_cached=config.use_cached)
     lengths = _lengths_for(provider, config.task_feature_lengths)
     has_inputs = features.task_has_inputs(provider)
+    # seqio's Task.get_dataset has trimmed the examples to `lengths` already; no trim stage, so
+    # the tf.data graph (and the iterator positions saved with checkpoints) stays as it was.
     if config.feature_converter is not None:
-        converter = config.feature_converter(pack=config.pack, has_inputs=has_inputs)
+        converter = config.feature_converter(pack=config.pack, has_inputs=has_inputs,
+                                             trim=False)
     else:
         converter = features.feature_converter(config.architecture, has_inputs=has_inputs,
-                                               pack=config.pack)
+                                               pack=config.pack, trim=False)
     subset = None
     if config.max_examples is not None:
         dataset, subset = _capped(provider, lengths, converter, config)
