@@ -23,7 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from decoding_bench import REPO, interleaved_times, t5_small_pair, write_report
+from common import REPO, interleaved_times, t5_small_pair, write_report
 
 
 def compiled_decode(model, params, batch, new_tokens: int, beams: int, first: int):

@@ -21,40 +21,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import pathlib
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from transformers import T5Config, T5ForConditionalGeneration
+from common import REPO, interleaved_times, t5_small_pair, write_report
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from t2t import models, partitioning  # noqa: E402
-from t2t.checkpoints import hf  # noqa: E402
-
-
-def t5_small_pair(seed: int = 0):
-    """HF T5-small with random weights, and the t2t model and params with the same weights."""
-    torch.manual_seed(seed)
-    config = T5Config(  # T5-small, v1.0 (docs/spec.md section 1).
-        vocab_size=32128, d_model=512, d_ff=2048, d_kv=64, num_heads=8, num_layers=6,
-        feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-    )
-    torch_model = T5ForConditionalGeneration(config).eval()
-    tensors = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
-    t2t_config = hf.config_from_hf(config.to_dict())
-    params = hf.params_from_hf(tensors, t2t_config)
-    params = jax.device_put(params)
-    return torch_model, models.EncoderDecoderModel(t2t_config), params
+from t2t import partitioning
 
 
 def hf_runner(torch_model, inputs: np.ndarray, new_tokens: int, beams: int):
@@ -97,20 +74,6 @@ def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int, p
     return run, compile_s
 
 
-def interleaved_times(runners: dict, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """Wall and process CPU times of each runner, alternating so load changes hit both alike."""
-    for run in runners.values():
-        run()  # Warm-up.
-    times = {name: {"wall_s": [], "cpu_s": []} for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            run()
-            times[name]["wall_s"].append(time.perf_counter() - start)
-            times[name]["cpu_s"].append(time.process_time() - start_cpu)
-    return times
-
-
 def summarize(times: dict, output_tokens: int, compile_s: float) -> dict:
     """Throughputs and t2t / HF ratios from the best and the median wall times."""
     best = {k: min(v["wall_s"]) for k, v in times.items()}
@@ -140,16 +103,6 @@ def phases(times: dict, first_token_times: dict, new_tokens: int) -> dict:
     result["first_token_ratio"] = result["hf"]["first_token_s"] / result["t2t"]["first_token_s"]
     result["step_ratio"] = result["hf"]["step_ms"] / result["t2t"]["step_ms"]
     return result
-
-
-def write_report(report: dict, path: str) -> None:
-    """Adds the load average after the runs to `report` and writes it as JSON to `path`."""
-    report["load_average_after"] = os.getloadavg()
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
 
 
 def main() -> None:

@@ -24,23 +24,15 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import pathlib
 import statistics
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import REPO, t5_small_pair, wall_times, write_report
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from decoding_bench import t5_small_pair, write_report  # noqa: E402
-from small_m_matmul_bench import time_pair  # noqa: E402 (alternates runners call by call)
-
-from t2t import models  # noqa: E402
-from t2t.nn import layers  # noqa: E402
+from t2t import models
+from t2t.nn import layers
 
 # name -> (K, N) of the product `[M, K] -> [M, N]`.
 PRODUCTS = {
@@ -93,7 +85,7 @@ def bench_products(rows: list[int], repeats: int) -> list[dict]:
             args = {"usual": usual, "kernel first": first}
             out = {f: fns[f](x, args[f]) for f in fns}
             np.testing.assert_allclose(out["usual"], out["kernel first"], rtol=1e-4, atol=1e-4)
-            times = time_pair(
+            times = wall_times(
                 {f: functools.partial(lambda f: fns[f](x, args[f]).block_until_ready(), f)
                  for f in fns}, repeats)
             ms = {f: statistics.median(t) / (5 * count) * 1e3 for f, t in times.items()}
@@ -123,7 +115,7 @@ def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -
         }
         tokens = {flag: np.asarray(c(params, batch)) for flag, c in compiled.items()}
         assert np.array_equal(tokens[False], tokens[True]), "kernel first changed the tokens"
-        times = time_pair(
+        times = wall_times(
             {flag: functools.partial(lambda c: c(params, batch).block_until_ready(), c)
              for flag, c in compiled.items()}, repeats)
         ratios = [a / b for a, b in zip(times[False], times[True])]

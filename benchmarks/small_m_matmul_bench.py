@@ -20,14 +20,12 @@ import json
 import os
 import pathlib
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from common import REPO, wall_times
 
 # name -> (stored weight shape, whether the product contracts the weight's last axis).
 PRODUCTS = {
@@ -67,19 +65,6 @@ def torch_chain(transposed: bool):
     return run
 
 
-def time_pair(runners: dict, repeats: int) -> dict[str, list[float]]:
-    """Wall seconds per call of each runner, alternating runners call by call."""
-    for run in runners.values():
-        run()  # Warm-up (and compile).
-    times = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -115,7 +100,7 @@ def main() -> None:
                 with torch.inference_mode():
                     torch_fn(torch_x, torch_weights)
 
-            times = time_pair({"xla": run_xla, "torch": run_torch}, args.repeats)
+            times = wall_times({"xla": run_xla, "torch": run_torch}, args.repeats)
             xla_s = statistics.median(times["xla"]) / count
             torch_s = statistics.median(times["torch"]) / count
             flops, weight_bytes = 2 * rows * k * n, 4 * k * n

@@ -1,0 +1,71 @@
+"""What the benchmarks share: timing side by side, the T5-small pair of peers, the report file.
+
+Run a benchmark as `python benchmarks/<name>.py` from the repository root; this directory is then
+first on `sys.path`, so `from common import ...` finds this module, and importing it puts the
+repository on the path for `import t2t`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def interleaved_times(runners: dict, repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Wall and process CPU seconds of each runner per call, after one warm-up call each,
+    alternating runners call by call so a change in machine load hits every side alike."""
+    for run in runners.values():
+        run()  # Warm-up (and compile).
+    times = {name: {"wall_s": [], "cpu_s": []} for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run()
+            times[name]["wall_s"].append(time.perf_counter() - start)
+            times[name]["cpu_s"].append(time.process_time() - start_cpu)
+    return times
+
+
+def wall_times(runners: dict, repeats: int) -> dict[str, list[float]]:
+    """`interleaved_times`, wall seconds only."""
+    return {name: t["wall_s"] for name, t in interleaved_times(runners, repeats).items()}
+
+
+def t5_small_pair(seed: int = 0):
+    """HF T5-small (v1.0) with random weights, and the t2t model and params with the same
+    weights: (torch model, t2t model wrapper, t2t params)."""
+    import jax
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from t2t import models
+    from t2t.checkpoints import hf
+
+    torch.manual_seed(seed)
+    config = T5Config(  # T5-small, v1.0 (docs/spec.md section 1).
+        vocab_size=32128, d_model=512, d_ff=2048, d_kv=64, num_heads=8, num_layers=6,
+        feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    torch_model = T5ForConditionalGeneration(config).eval()
+    tensors = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+    t2t_config = hf.config_from_hf(config.to_dict())
+    params = jax.device_put(hf.params_from_hf(tensors, t2t_config))
+    return torch_model, models.EncoderDecoderModel(t2t_config), params
+
+
+def write_report(report: dict, path: str) -> None:
+    """Adds the load average after the runs to `report` and writes it as JSON to `path`."""
+    report["load_average_after"] = os.getloadavg()
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
