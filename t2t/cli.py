@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 import time
 import tokenize
 
+from t2t import terminal
 from t2t.errors import UserError
 
 
@@ -670,46 +670,6 @@ def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, bindings
 
 
-# gin appends "In call to configurable 'NAME' (<function ...>)" to errors raised inside a
-# configurable; for a user's bad input that line only repeats the command, so it is dropped.
-_GIN_CALL_NOTE = re.compile(r"\n  In call to configurable '[^']*' \(.*\)(?: in scope '[^']*')?")
-
-
-def error_message(error: BaseException) -> str:
-    """The message of an error for the console, without gin's call-site notes."""
-    return _GIN_CALL_NOTE.sub("", str(error))
-
-
-_T2T_DIR = os.path.dirname(os.path.abspath(__file__))
-# Libraries whose ValueErrors describe the user's input (a gin binding naming nothing, a flag).
-_USER_FACING = ("gin", "argparse")
-
-
-def is_user_error(error: BaseException) -> bool:
-    """Whether an error is bad input (exit 2, a message) rather than a bug (exit 1, the stack).
-
-    Bad input: a `UserError`; an `OSError` (a path, a permission, a full disk); a `ValueError`
-    raised by t2t's own checks or by gin. A `ValueError` raised inside JAX, NumPy, TensorFlow,
-    Orbax or seqio that t2t did not turn into a message is a bug (of t2t's checks at least).
-    """
-    if isinstance(error, (UserError, OSError)):
-        return True
-    if not isinstance(error, ValueError):
-        return False
-    tb = error.__traceback__
-    last = None
-    while tb is not None:
-        last = tb.tb_frame.f_code.co_filename
-        tb = tb.tb_next
-    if last is None:
-        return True
-    last = os.path.abspath(last)
-    if last.startswith(_T2T_DIR + os.sep):
-        return True
-    module = last.split("site-packages" + os.sep, 1)[-1].split(os.sep, 1)[0]
-    return module in _USER_FACING
-
-
 _TRAINING_COMMANDS = ("train", "chain", "study")
 _PREEMPTED_EXIT_CODE = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE, without importing it here
 
@@ -751,49 +711,6 @@ def _preempted() -> tuple[type[BaseException], ...]:
     return (loop.Preempted,) if loop is not None else ()
 
 
-def quiet_libraries() -> None:
-    """Keeps the console to t2t's own output: TensorFlow's, XLA's and libtpu's C++ start-up
-    lines (oneDNN, "Could not find cuda drivers", "failed call to cuInit", TPU host probing, the
-    tf.data cache warning), and third-party Python warnings (absl, TensorFlow, Beam). Set before
-    those libraries load; variables the user set win. `--verbose` (or T2T_VERBOSE=1) skips it.
-    """
-    import importlib.util
-    import logging
-
-    for name, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3"),
-                        ("TPU_STDERR_LOG_LEVEL", "3"), ("GRPC_VERBOSITY", "ERROR")):
-        os.environ.setdefault(name, value)
-    # libtpu installed (the `tpu` extra, to compile for TPU topologies) on a machine with no TPU
-    # makes JAX probe for one and print libtpu's complaints: keep JAX on the other backends.
-    if ("JAX_PLATFORMS" not in os.environ and importlib.util.find_spec("libtpu") is not None
-            and not any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0"))
-            and "TPU_ACCELERATOR_TYPE" not in os.environ):
-        cuda = any(importlib.util.find_spec(m) is not None
-                   for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
-        os.environ["JAX_PLATFORMS"] = "cuda,cpu" if cuda else "cpu"
-    for name in ("absl", "tensorflow", "apache_beam", "jax._src.xla_bridge"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    logging.getLogger().addFilter(_own_warnings_only)
-    # TensorFlow's shared libraries log while they load (oneDNN, the CUDA stub), before any log
-    # level applies: load them with the process's stderr pointed at /dev/null.
-    if "tensorflow" not in sys.modules:
-        sys.stderr.flush()
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 2)
-            import tensorflow  # noqa: F401
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
-
-
-def _own_warnings_only(record) -> bool:
-    """Root-logger records below ERROR pass only when t2t logged them (Beam logs on root)."""
-    return (record.levelno >= 40
-            or os.path.abspath(record.pathname).startswith(_T2T_DIR + os.sep))
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -803,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
     if not verbose:
-        quiet_libraries()
+        terminal.quiet_libraries()
     args.gin_bindings = gin_bindings
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
@@ -814,34 +731,27 @@ def main(argv: list[str] | None = None) -> int:
         with signals:  # the trainer takes over while it trains (saves, then stops)
             code = args.handler(args)
     except _preempted() as stopped:  # SIGTERM / SIGINT: a checkpoint was saved, a clean stop
-        print(f"t2t {args.command}: {error_message(stopped)}", file=sys.stderr)
+        print(f"t2t {args.command}: {terminal.error_message(stopped)}", file=sys.stderr)
         return _PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:  # a second Ctrl-C
         print(f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
               "reported saved.", file=sys.stderr)
         return 130
     except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
-        _print_traceback(show_traceback)
-        print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
+        terminal.print_traceback(show_traceback)
+        print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
         return 1
     except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
-        if is_user_error(error):  # bad input: a message, not a traceback
-            _print_traceback(show_traceback)
-            print(f"t2t {args.command}: error: {error_message(error)}", file=sys.stderr)
+        if terminal.is_user_error(error):  # bad input: a message, not a traceback
+            terminal.print_traceback(show_traceback)
+            print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
             return 2
-        _print_traceback(True)
+        terminal.print_traceback(True)
         print(f"t2t {args.command}: internal error: {type(error).__name__}: "
-              f"{error_message(error)}\nThis is a bug in t2t (or an input it failed to check); "
-              "please report it with the command and the stack above.", file=sys.stderr)
+              f"{terminal.error_message(error)}\nThis is a bug in t2t (or an input it failed to "
+              "check); please report it with the command and the stack above.", file=sys.stderr)
         return 1
     return code if isinstance(code, int) else 0
-
-
-def _print_traceback(show: bool) -> None:
-    if show:
-        import traceback
-
-        traceback.print_exc()
 
 
 def console() -> None:

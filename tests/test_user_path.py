@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import seqio
 
-from t2t import cli, errors
+from t2t import cli, errors, terminal
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 
@@ -99,7 +99,8 @@ def test_bugs_are_told_apart_from_bad_input(monkeypatch, capsys):
     assert cli.main(["export", "--model_dir=x", "--output_dir=y"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "t2t export: error: Expected a model directory, got 'x'."
-    assert cli.is_user_error(OSError("disk full")) and not cli.is_user_error(KeyError("k"))
+    assert terminal.is_user_error(OSError("disk full"))
+    assert not terminal.is_user_error(KeyError("k"))
 
 
 @pytest.fixture
