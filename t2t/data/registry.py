@@ -82,8 +82,12 @@ def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = Fals
             continue
         source = task.source
         if isinstance(source, seqio.TfdsDataSource):
-            builder = source.tfds_dataset.builder
-            if not builder.is_prepared():
+            try:
+                builder = source.tfds_dataset.builder
+                prepared = builder.is_prepared()
+            except Exception:  # noqa: BLE001 (cannot tell here: the read will say what is wrong)
+                continue
+            if not prepared:
                 tfds_name = source.tfds_dataset.name
                 raise UserError(
                     f"Task {task.name} reads the TFDS dataset {tfds_name}, which is not "
