@@ -15,7 +15,7 @@ from t2t import models, optim, partitioning
 from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.checkpoints.manager import CheckpointManager
-from t2t.trainer import NonFiniteError, Trainer, batches, init, reporting, steps
+from t2t.trainer import NonFiniteError, Trainer, init, reporting, steps
 
 CONFIG = t2t_nn.get_preset("tiny", vocab_size=128, dropout_rate=0.1)
 LENGTHS = (16, 8)  # inputs, targets
@@ -236,11 +236,7 @@ def test_batch_counts_worked_example():
     assert int(steps.batch_counts(batch)["num_examples"]) == 2
 
 
-def test_pad_batch_and_scalars():
-    padded = batches.pad_batch({"a": np.ones((3, 2), np.int32)}, 4)
-    np.testing.assert_array_equal(padded["a"], [[1, 1], [1, 1], [1, 1], [0, 0]])
-    with pytest.raises(ValueError, match="more than 2"):
-        batches.pad_batch({"a": np.ones((3, 2))}, 2)
+def test_train_scalars():
     raw = {"loss": 3.0, "cross_ent_sum": 50.0, "z_loss_sum": 10.0, "weight_sum": 20.0,
            "num_correct_tokens": 5.0, "grad_norm": 1.0, "param_norm": 2.0, "num_tokens": 40,
            "num_examples": 4}

@@ -6,6 +6,7 @@
 - `mixtures`: the paper's mixing rates as seqio rate functions;
 - `features`: the seqio feature converter of each architecture (packing included);
 - `pipeline`: per-host batches of numpy arrays, deterministic, with exact save/restore;
+- `batches`: fixed-shape batches from finite data, padded for sums or for decoding;
 - `registry`: name -> task or mixture, listing near names on a miss;
 - `tasks`: the registration modules (imported explicitly; importing `t2t.data` registers nothing).
 """

@@ -6,7 +6,6 @@
   and stops on non-finite values (`NonFiniteError`);
 - `init`: the first parameters of a run from a HF T5 directory or another run's checkpoint;
 - `monitors`: early stopping and reduce-on-plateau on a validation metric;
-- `batches`: fixed-shape host batches from finite eval data;
 - `reporting`: TensorBoard scalars, the console progress bar, the loss-curve PNG;
 - `predictions`: a few decoded examples shown at the end of a run.
 """

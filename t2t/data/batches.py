@@ -1,13 +1,19 @@
-"""Host-side batches for evaluation and predictions: fixed shapes from finite datasets.
+"""Fixed-shape host batches from finite data: the two ways t2t pads a short last batch.
 
-The last batch of a finite split is usually short. Jitted steps want one shape (and a batch
-divisible by the data axis), so short batches are padded with all-zero rows: zero tokens and
-zero loss weights, which add nothing to any sum an eval step computes.
+The last batch of a finite split is usually short, and jitted steps want one shape (and a batch
+divisible by the data axis). What the padding rows may be depends on what the step computes:
+
+- **Sums** (teacher-forced loss and accuracy, `pad_batch`): all-zero rows, whose zero loss
+  weights add nothing to any sum.
+- **Decoding** (prediction, scoring, rank classification, `stack_rows`): copies of the last real
+  row, whose outputs are dropped. Zero rows would decode too, but a decoding loop runs until
+  every row has finished, and a row of padding may never emit EOS; a copy finishes exactly when
+  the row it copies does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -32,6 +38,20 @@ def pad_batch(batch: Mapping[str, np.ndarray], size: int) -> Batch:
         padding = [(0, size - value.shape[0])] + [(0, 0)] * (value.ndim - 1)
         out[name] = np.pad(value, padding)
     return out
+
+
+def stack_rows(rows: Sequence[Mapping[str, np.ndarray]], size: int) -> Batch:
+    """Stacks single-example feature dicts into a batch of `size` rows, repeating the last.
+
+    Example: rows a, b, c stacked to 4 give the batch a, b, c, c.
+
+    Raises:
+      ValueError: with no rows, or more than `size`.
+    """
+    if not rows or len(rows) > size:
+        raise ValueError(f"Expected 1 to {size} rows, got {len(rows)}.")
+    padded = list(rows) + [rows[-1]] * (size - len(rows))
+    return {name: np.stack([np.asarray(row[name]) for row in padded]) for name in rows[0]}
 
 
 def eval_batches(config: pipeline.PipelineConfig,

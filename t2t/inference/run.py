@@ -1,0 +1,111 @@
+"""`infer`: the whole inference run, from a model directory (or an ensemble of checkpoints) and a
+file or task to a JSONL file of records."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import seqio
+
+from t2t.inference.files import (
+    DEFAULT_INPUTS_LENGTH,
+    count_longer,
+    predict_examples,
+    read_examples,
+    score_examples,
+    write_jsonl,
+)
+from t2t.inference.predictor import Predictor
+from t2t.inference.tasks import check_mode, task_records
+
+
+def infer(
+    output_file: str,
+    *,
+    model_dir: str | None = None,
+    input_file: str | None = None,
+    task: str | None = None,
+    mode: str = "predict",
+    checkpoints: Sequence[str | int] = (),
+    step: int | None = None,
+    split: str = "validation",
+    vocabulary_file: str | None = None,
+    inputs_length: int | None = None,
+    targets_length: int | None = None,
+    num_examples: int | None = None,
+    partitioner: Any = None,
+    **predictor_options,
+) -> int:
+    """Predicts or scores a file of examples or a task/mixture and writes JSONL records.
+
+    Args:
+      output_file: the JSONL file to write.
+      model_dir, checkpoints, step: what to load (see `load_members`).
+      input_file: a JSONL or TSV file of examples (see `read_examples`), or
+      task: a registered task or mixture name.
+      mode: "predict" or "score".
+      split: the task split.
+      vocabulary_file: a SentencePiece model to use instead of the checkpoint's (files only;
+        tasks carry their own vocabulary).
+      inputs_length, targets_length: feature lengths (default: the lengths the checkpoint
+        trained with, else 512 for files; a task's longest example); longer texts are cut
+        and counted.
+      num_examples: at most this many examples (per task).
+      partitioner: a `t2t.partitioning.Partitioner` to run sharded.
+      **predictor_options: `Predictor` options (the decoding config, batch_size).
+
+    Returns:
+      The number of records written.
+    """
+    from t2t.checkpoints import model_dir as model_dir_lib
+    from t2t.data import vocab
+
+    check_mode(mode)
+    if (input_file is None) == (task is None):
+        raise ValueError("Pass exactly one of input_file (JSONL/TSV) and task (a task or mixture).")
+    loaded, params = model_dir_lib.load_members(model_dir, checkpoints, step=step,
+                                                partitioner=partitioner)
+    predictor = Predictor(loaded.model, partitioner=partitioner, **predictor_options)
+    if task is not None:
+        lengths = None
+        if inputs_length or targets_length:
+            if not (inputs_length and targets_length):
+                raise ValueError(
+                    "Pass both inputs_length and targets_length for a task, or neither.")
+            lengths = {"inputs": inputs_length, "targets": targets_length}
+        records = task_records(predictor, params, task, mode=mode, split=split, lengths=lengths,
+                               num_examples=num_examples)
+        return write_jsonl(output_file, records)
+    vocabulary = (vocab.load_vocabulary(vocabulary_file) if vocabulary_file
+                  else _checkpoint_vocabulary(loaded, model_dir, checkpoints))
+    examples = read_examples(input_file)[:num_examples]
+    # Without lengths, cut to what the model trained on: one 100k-character line must not ask
+    # for an unbounded batch.
+    trained = loaded.metadata.get("task_feature_lengths") or {}
+    inputs_length = inputs_length or int(trained.get("inputs") or DEFAULT_INPUTS_LENGTH)
+    if mode == "score":
+        targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
+    cut = count_longer(examples, vocabulary, inputs_length,
+                        targets_length if mode == "score" else None)
+    if mode == "predict":
+        records = predict_examples(predictor, params, vocabulary, examples,
+                                   inputs_length=inputs_length)
+    else:
+        records = score_examples(predictor, params, vocabulary, examples,
+                                 inputs_length=inputs_length, targets_length=targets_length)
+    if cut:
+        print(f"note: {cut} of {len(examples)} examples' texts were longer "
+              f"than the feature lengths (inputs {inputs_length}"
+              + (f", targets {targets_length}" if mode == "score" else "")
+              + " tokens, EOS included) and were cut; set --inputs_length/--targets_length "
+              "to change them.", file=sys.stderr, flush=True)
+    return write_jsonl(output_file, records)
+
+
+def _checkpoint_vocabulary(loaded, model_dir, checkpoints) -> seqio.Vocabulary:
+    from t2t.checkpoints import model_dir as model_dir_lib
+
+    path = model_dir or model_dir_lib.parse_member(checkpoints[0], model_dir)[0]
+    return model_dir_lib.ModelDir(path).vocabulary(loaded.step)

@@ -1,0 +1,52 @@
+"""`t2t export` and `t2t average`: run functions that turn checkpoints into a HF-format release
+directory or into their mean."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gin
+
+from t2t.runs.helpers import require
+
+
+@gin.configurable(module="t2t.runs")
+def export(
+    model_dir: str | None = None,
+    output_dir: str | None = None,
+    *,
+    step: int | None = None,
+    vocabulary_file: str | None = None,
+    eval_results: str | None = None,
+    overwrite: bool = False,
+) -> str:
+    """Writes a HF-format release directory from a checkpoint (see `t2t.release.export`)."""
+    from t2t import release
+
+    path = release.export(
+        require(model_dir, "--model_dir", "export.model_dir"),
+        require(output_dir, "--output_dir", "export.output_dir"),
+        step=step, vocabulary_file=vocabulary_file, eval_results=eval_results,
+        overwrite=overwrite,
+    )
+    print(f"wrote the release directory {path}")
+    return path
+
+
+@gin.configurable(module="t2t.runs")
+def average(
+    model_dir: str | None = None,
+    output_dir: str | None = None,
+    *,
+    last: int | None = None,
+    steps: Sequence[int] | None = None,
+) -> str:
+    """Averages the last N (or the given) checkpoints into a new model directory."""
+    from t2t.checkpoints import averaging
+
+    averaged = averaging.average_checkpoints(
+        require(model_dir, "--model_dir", "average.model_dir"), steps=steps, last=last)
+    path = averaging.write_averaged(require(output_dir, "--output_dir", "average.output_dir"),
+                                    averaged)
+    print(f"averaged steps {averaged.steps} of {model_dir} into {path}")
+    return path

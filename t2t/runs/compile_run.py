@@ -1,0 +1,99 @@
+"""`t2t compile`: the configured training run's programs compiled ahead of time (`t2t.aot`) for
+a TPU slice or CPU devices, read from the bindings `t2t train` would run with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+
+from t2t.runs.helpers import resolve_model_config
+from t2t.runs.train_run import train
+
+# The arguments of `train` that decide its programs, and their defaults.
+_TRAIN_PROGRAM_ARGS = ("model_config", "init_checkpoint", "batch_size", "task_feature_lengths",
+                       "mesh_shape", "sharding_mode", "num_microbatches", "pack", "model_fn",
+                       "optimizer", "learning_rate")
+
+
+def _train_bindings() -> dict[str, Any]:
+    """The program-deciding arguments `train` would be called with under the current gin
+    configuration (its bindings over its defaults)."""
+    import inspect
+
+    defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
+    bound = gin.get_bindings("t2t.runs.train")
+    return {name: bound.get(name, defaults[name]) for name in _TRAIN_PROGRAM_ARGS}
+
+
+@gin.configurable(module="t2t.runs")
+def compile_train(
+    topology: str | None = None,
+    *,
+    cpu_devices: int | None = None,
+    device_memory_gib: float | None = None,
+    batch_size: int | None = None,
+    mesh_shape: Sequence[int] | None = None,
+    sharding_mode: str | None = None,
+    num_microbatches: int | None = None,
+    remat_policy: str | None = None,
+    scan_layers: bool | None = None,
+    decode: bool = True,
+    output_json: str | None = None,
+    progress: bool = True,
+):
+    """Compiles the configured training run's programs ahead of time and reports their costs.
+
+    The run is what `t2t train` would run under the same gin files (`t2t.runs.train`'s network,
+    batch, lengths, mesh, sharding mode, microbatches and optimizer); the arguments here
+    override those. Nothing is allocated or executed, and no data is read.
+
+    Args:
+      topology: a Cloud TPU slice as libtpu names it, e.g. "v5e:4x4", "v5p:4x4x4" (needs the
+        `tpu` extra); or
+      cpu_devices: compile for this many CPU devices of this process instead.
+      device_memory_gib: the memory per CPU device to check against (TPU: the chip's own).
+      batch_size, mesh_shape, sharding_mode, num_microbatches: override the run's.
+      remat_policy, scan_layers: override the network's (`TransformerConfig`).
+      decode: also compile greedy decoding of one batch.
+      output_json: write the report there as JSON.
+      progress: show the elapsed time while compiling.
+
+    Returns:
+      The `t2t.aot.Report`.
+    """
+    from t2t import aot
+
+    if (topology is None) == (cpu_devices is None):
+        raise ValueError("Give exactly one target: --topology=v5e:4x4 (a TPU slice) or "
+                         "--cpu_devices=N.")
+    run = _train_bindings()
+    for name, value in (("batch_size", batch_size), ("mesh_shape", mesh_shape),
+                        ("sharding_mode", sharding_mode), ("num_microbatches", num_microbatches)):
+        if value is not None:
+            run[name] = value
+    for name in ("task_feature_lengths",):
+        if run[name] is gin.REQUIRED or run[name] is None:
+            raise ValueError(f"The run binds no {name}; include the gin file of a run "
+                             "(gin/runs/pretrain.gin and an objective) or bind it.")
+    config = resolve_model_config(run["model_config"], run["init_checkpoint"])
+    changes = {k: v for k, v in (("remat_policy", remat_policy), ("scan_layers", scan_layers))
+               if v is not None}
+    config = config.replace(**changes)
+    target = (aot.tpu_target(topology) if topology is not None
+              else aot.cpu_target(cpu_devices, device_memory_gib))
+    shape = aot.RunShape(
+        config, run["batch_size"], dict(run["task_feature_lengths"]),
+        mesh_shape=tuple(run["mesh_shape"]), sharding_mode=run["sharding_mode"],
+        num_microbatches=run["num_microbatches"], pack=run["pack"])
+    report = aot.compile_run(shape, target, model=run["model_fn"](config),
+                             tx=run["optimizer"](learning_rate=run["learning_rate"]),
+                             decode=decode, progress=progress)
+    print(aot.format_report(report), flush=True)
+    if output_json:
+        with open(output_json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+        print(f"wrote {output_json}")
+    return report

@@ -1,0 +1,98 @@
+"""What several run functions share: task names and their registration modules, the tokenizer a
+checkpoint carries, the network to build, the mesh, and the messages for missing arguments."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from t2t.nn.config import TransformerConfig
+from t2t.runs.externals import checkpoint_model_config
+
+
+def partitioner_for(mesh_shape: Sequence[int] | None, sharding_mode: str):
+    """None (one device) without a mesh shape, else a Partitioner over (data, model)."""
+    if mesh_shape is None:
+        return None
+    from t2t import partitioning
+
+    partitioning.initialize_distributed()
+    return partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
+
+
+def task_names(tasks: str | Sequence[str] | None, what: str) -> list[str]:
+    if tasks is None:
+        raise ValueError(f"{what} needs tasks: --tasks=NAME[,NAME] or {what}.tasks = [...] in gin.")
+    names = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else list(tasks)
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"{what}: the task list {tasks!r} names no task.")
+    return names
+
+
+def import_task_modules(modules: Sequence[str] = (), names: Sequence[str] = ()) -> None:
+    """Imports registration modules, then every one of `t2t.data.tasks` if a name is missing.
+
+    Args:
+      modules: modules to import first, e.g. ["t2t.data.tasks.glue"].
+      names: the task or mixture names the run needs.
+    """
+    import seqio
+
+    for module in modules:
+        importlib.import_module(module)
+    registered = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
+    if any(name not in registered for name in names):
+        from t2t.data import tasks
+
+        logging.info("Importing every task registration module to find %s.", list(names))
+        tasks.import_all()
+
+
+def require(value: Any, flag: str, binding: str) -> Any:
+    if value is None:
+        raise ValueError(f"Missing {flag}: pass the flag, or bind {binding} in gin (the files "
+                         "in gin/runs/ take it from a macro, e.g. --gin.MODEL_DIR=\"'/path'\").")
+    return value
+
+
+def resolve_model_config(model_config: TransformerConfig | None,
+                          init_checkpoint: str | None) -> TransformerConfig:
+    if model_config is not None:
+        if not isinstance(model_config, TransformerConfig):
+            raise TypeError(
+                "train.model_config must be a TransformerConfig (e.g. @t2t.nn.get_preset()), got "
+                f"{type(model_config).__name__}."
+            )
+        return model_config
+    if init_checkpoint is None:
+        raise ValueError(
+            "No model: bind train.model_config (include a gin/models/ file) or set "
+            "train.init_checkpoint to take the network of a checkpoint."
+        )
+    return checkpoint_model_config(init_checkpoint)
+
+
+def use_carried_vocabulary(*directories: str | None) -> str | None:
+    """Makes the tasks registered with the default vocabulary (`t2t.data.vocab`) tokenize with
+    the SentencePiece model the first of `directories` carries (`spiece.model`: a t2t model
+    directory's copy, a HF directory's tokenizer), so a checkpoint is read with its own
+    tokenizer wherever it was moved. Returns the file used, or None when none carries one."""
+    import tensorflow as tf
+
+    from t2t.checkpoints import model_dir as model_dir_lib
+    from t2t.data import vocab
+
+    for directory in directories:
+        if not directory or not isinstance(directory, str):
+            continue
+        path = os.path.join(directory.split("@")[0], model_dir_lib.VOCABULARY_FILE)
+        if tf.io.gfile.exists(path):
+            if vocab.default_vocabulary_path() != path:
+                logging.info("Tasks with the default vocabulary use %s.", path)
+            vocab.set_default_vocabulary(path)
+            return path
+    return None
