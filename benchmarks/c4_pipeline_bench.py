@@ -31,17 +31,15 @@ import gzip
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from common import REPO  # noqa: F401 (importing it puts the repository on sys.path)
 
-import apache_beam as beam  # noqa: E402
-from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
-
-from c4_pipeline import C4Config, badwords, dedup, langid, output, rules, run, wet  # noqa: E402
-from c4_pipeline.page import Page  # noqa: E402
+from c4_pipeline import C4Config, badwords, dedup, langid, output, rules, run, wet
+from c4_pipeline.page import Page
 
 SUBJECTS = [
     "The city council", "Our small team", "The new public library", "Local farmers", "The history museum",

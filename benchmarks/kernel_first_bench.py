@@ -11,7 +11,8 @@ over a chain of distinct weights of at least 64 MB (so they come from memory, as
 product's input depending on the previous output; the two forms alternate call by call.
 
 Part 2, whole decodes: T5-small (random weights, as in `decoding_bench.py`) decodes 16 or fewer
-inputs of 128 tokens into exactly 64 tokens, with `kernel_first_steps=False` and `True`, compiled
+inputs of 128 tokens into exactly 64 tokens, with `kernel_first_steps=False` and `True` (a field of
+`t2t.decoding.DecodingConfig`), compiled
 once each and alternated run by run. Reported: the median time of each and the median of the
 run-by-run ratios (usual / kernel first; > 1: kernel first is faster), with the tokens checked
 equal. JSON goes to `benchmarks/results/kernel_first.json`.
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from common import REPO, t5_small_pair, wall_times, write_report
 
-from t2t import models
+from t2t.decoding import DecodingConfig
 from t2t.nn import layers
 
 # name -> (K, N) of the product `[M, K] -> [M, N]`.
@@ -100,8 +101,6 @@ def bench_products(rows: list[int], repeats: int) -> list[dict]:
 
 def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -> list[dict]:
     _, model, params = t5_small_pair()
-    forms = {flag: models.EncoderDecoderModel(model.config, kernel_first_steps=flag)
-             for flag in (False, True)}
     rng = np.random.default_rng(0)
     results = []
     for method, batch_size in DECODES:
@@ -109,9 +108,9 @@ def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -
         batch = {"encoder_input_tokens": jnp.asarray(inputs)}
         compiled = {
             flag: jax.jit(functools.partial(
-                m.predict_batch, method=method, beam_size=4, max_decode_length=new_tokens,
-                min_length=new_tokens)).lower(params, batch).compile()
-            for flag, m in forms.items()
+                model.predict_batch, method=method, beam_size=4, max_decode_length=new_tokens,
+                min_length=new_tokens, kernel_first_steps=flag)).lower(params, batch).compile()
+            for flag in (False, True)
         }
         tokens = {flag: np.asarray(c(params, batch)) for flag, c in compiled.items()}
         assert np.array_equal(tokens[False], tokens[True]), "kernel first changed the tokens"
@@ -124,7 +123,7 @@ def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -
                "usual_s": statistics.median(times[False]),
                "kernel_first_s": statistics.median(times[True]),
                "paired_ratio_median": statistics.median(ratios),
-               "default_on": models.EncoderDecoderModel(model.config).uses_kernel_first_steps(rows),
+               "default_on": DecodingConfig().uses_kernel_first_steps(rows),
                "usual_wall_s": times[False], "kernel_first_wall_s": times[True]}
         results.append(row)
         print(f"{method:6s} batch {batch_size:2d} ({rows:2d} rows)  usual {row['usual_s']:.3f} s  "

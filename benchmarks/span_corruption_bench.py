@@ -42,7 +42,8 @@ import sys
 import sysconfig
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from common import REPO  # importing it puts the repository on sys.path
+
 LENGTHS = {"inputs": 512, "targets": 114}
 IMPLEMENTATIONS = ("ours", "reference")
 WORKLOADS = ("concat", "variable")
@@ -99,8 +100,7 @@ def _task(implementation: str, workload: str, corpus: str, spm_model: str):
     }
     concatenate = workload == "concat"
     if implementation == "ours":
-        sys.path.insert(0, str(REPO))
-        import preprocessors
+        import preprocessors  # the repository is on sys.path: `common` put it there
 
         tokenize = preprocessors.tokenize
         corrupt = functools.partial(preprocessors.span_corruption, concatenate_documents=concatenate)

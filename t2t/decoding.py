@@ -59,6 +59,12 @@ METHODS = ("greedy", "beam", "sample")
 BEAM_RULES = ("t5x", "hf")
 
 
+# Decoding steps with this many rows (inclusive range) multiply kernel first on the CPU by
+# default: a T5-small decode measured 1.35-1.59x faster at 4-16 rows, 1.18-1.22x at 32, but
+# 0.96x at 64 (beam-4 of 16 inputs) and 0.95-0.98x at one row (`benchmarks/kernel_first_bench.py`).
+KERNEL_FIRST_ROWS = (2, 32)
+
+
 @gin.configurable(module="t2t.decoding")
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
@@ -75,6 +81,10 @@ class DecodingConfig:
       min_length: EOS is barred before this many tokens.
       temperature, top_k, top_p, seed: sampling (`method="sample"`).
       first_cache_length: the self-attention cache's first phase (speed only; see above).
+      kernel_first_steps: whether the decoding steps multiply by copies of the decoder's
+        kernels transposed once per decode, kernel first (`t2t.nn.layers.kernel_first_matmul`;
+        speed only, the tokens do not change; one extra copy of the decoder's kernels during
+        the decode). None (the default) decides per decode (`uses_kernel_first_steps`).
     """
 
     method: str = "greedy"
@@ -88,6 +98,7 @@ class DecodingConfig:
     top_p: float = 1.0
     seed: int = 0
     first_cache_length: int = FIRST_CACHE_LENGTH
+    kernel_first_steps: bool | None = None
 
     def __post_init__(self):
         def positive_int(name, value, allow_none=False):
@@ -108,6 +119,19 @@ class DecodingConfig:
         if not isinstance(self.min_length, int) or self.min_length < 0:
             raise ValueError(f"Expected min_length to be an int >= 0, got {self.min_length!r}.")
         _validate_sampling(self.temperature, self.top_k, self.top_p, None)
+        if self.kernel_first_steps not in (None, True, False):
+            raise ValueError("Expected kernel_first_steps None (decide per decode), True or "
+                             f"False, got {self.kernel_first_steps!r}.")
+
+    def uses_kernel_first_steps(self, rows: int) -> bool:
+        """Whether a decode whose steps have `rows` rows (batch x beams, the whole batch's
+        before any data-parallel split) multiplies kernel first: `kernel_first_steps` when
+        set, else on when JAX's default backend is the CPU and `rows` lies in
+        `KERNEL_FIRST_ROWS`."""
+        if self.kernel_first_steps is not None:
+            return self.kernel_first_steps
+        low, high = KERNEL_FIRST_ROWS
+        return jax.default_backend() == "cpu" and low <= rows <= high
 
     @classmethod
     def of(cls, config: DecodingConfig | None = None, **overrides) -> DecodingConfig:

@@ -28,10 +28,6 @@ from t2t import decoding, losses
 from t2t import nn as t2t_nn
 
 Batch = Mapping[str, jax.Array]
-# Decoding steps with this many rows (inclusive range) multiply kernel first on the CPU by
-# default: a T5-small decode measured 1.35-1.59x faster at 4-16 rows, 1.18-1.22x at 32, but
-# 0.96x at 64 (beam-4 of 16 inputs) and 0.95-0.98x at one row (`benchmarks/kernel_first_bench.py`).
-KERNEL_FIRST_ROWS = (2, 32)
 
 
 def _require(batch: Batch, names: Sequence[str], what: str) -> None:
@@ -77,11 +73,6 @@ class BaseModel:
       loss_normalizing_factor: None (sum), a number, "num_real_target_tokens",
         "num_total_target_tokens" or "average_per_sequence" (T5X's per-sequence mean).
       label_smoothing: T5X's label smoothing of the targets (0: none; `t2t.losses`).
-      kernel_first_steps: whether decoding steps multiply by copies of the kernels transposed
-        once per decode, kernel first (`t2t.nn.layers.kernel_first_matmul`), for one extra copy
-        of the decoder's kernels during the decode. None (the default) decides per decode: on
-        when JAX's default backend is the CPU and a step's rows (batch, times beams) lie in
-        `KERNEL_FIRST_ROWS`.
     """
 
     def __init__(
@@ -91,7 +82,6 @@ class BaseModel:
         z_loss: float = 1e-4,
         loss_normalizing_factor: float | str | None = None,
         label_smoothing: float = 0.0,
-        kernel_first_steps: bool | None = None,
     ):
         if not isinstance(config, t2t_nn.TransformerConfig):
             raise TypeError(f"Expected a TransformerConfig, got {type(config).__name__}.")
@@ -101,7 +91,6 @@ class BaseModel:
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"Expected 0 <= label_smoothing < 1, got {label_smoothing!r}.")
         self.label_smoothing = label_smoothing
-        self.kernel_first_steps = kernel_first_steps
         abstract = nnx.eval_shape(lambda: t2t_nn.build(config, nnx.Rngs(params=0)))
         self.graphdef, self._abstract_params = nnx.split(abstract)
         self._decoding_graphdef = None  # built at the first decode of a scanned model
@@ -213,15 +202,8 @@ class BaseModel:
         self, params: nnx.State, batch: Batch, max_decode_length: int, kernel_first: bool = False
     ) -> tuple[decoding.TokensToLogits, Any, jax.Array]:
         """(tokens_to_logits, initial cache, start tokens [B]) for `t2t.decoding`; with
-        `kernel_first`, the steps multiply kernel first (see `kernel_first_steps`)."""
+        `kernel_first`, the steps multiply kernel first (`DecodingConfig.kernel_first_steps`)."""
         raise NotImplementedError
-
-    def uses_kernel_first_steps(self, rows: int) -> bool:
-        """Whether a decode whose steps have `rows` rows multiplies kernel first."""
-        if self.kernel_first_steps is not None:
-            return self.kernel_first_steps
-        low, high = KERNEL_FIRST_ROWS
-        return jax.default_backend() == "cpu" and low <= rows <= high
 
     def _default_length(self, batch: Batch) -> int:
         raise NotImplementedError
@@ -249,7 +231,7 @@ class BaseModel:
         max_decode_length = config.max_decode_length or self._default_length(batch)
         rows = self._batch_size(batch) * (config.beam_size if config.method == "beam" else 1)
         tokens_to_logits, cache, start = self._setup_maybe_ensemble(
-            params, batch, max_decode_length, self.uses_kernel_first_steps(rows)
+            params, batch, max_decode_length, config.uses_kernel_first_steps(rows)
         )
         offset = self._cache_offset(batch)
 

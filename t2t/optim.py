@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from t2t import losses
-from t2t.partitioning import is_variable, param_path
+from t2t.pytrees import is_variable, param_path
 
 # ----------------------------------------------------------------------------------------------
 # Adafactor

@@ -36,7 +36,7 @@ def builtin_vocabulary(builtin_corpus):
 def builtin_tasks(builtin_corpus):
     """Registers the built-in tasks on the session's corpus; returns their names."""
     root = os.path.dirname(os.path.dirname(builtin_corpus.directory))
-    os.environ["T2T_CACHE_DIR"] = root  # importing the module builds into (here: finds) the cache
+    os.environ["T2T_CACHE_DIR"] = root  # the tasks read (here: find) the corpus in this cache
     module = importlib.import_module("t2t.data.tasks.builtin")
     return module.register(root)
 

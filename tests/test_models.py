@@ -167,24 +167,26 @@ def test_ensemble_greedy_matches_averaged_hf_logits(pair):
 
 def test_kernel_first_steps_decide_per_decode_and_keep_the_tokens(pair):
     """By default decoding steps multiply kernel first on the CPU for KERNEL_FIRST_ROWS rows
-    (batch x beams); forced on or off, greedy and beam search give the same tokens."""
+    (batch x beams); forced on or off (`DecodingConfig.kernel_first_steps`), greedy and beam
+    search give the same tokens."""
     _, model, params = pair
-    low, high = models.KERNEL_FIRST_ROWS
+    low, high = decoding.KERNEL_FIRST_ROWS
     assert jax.default_backend() == "cpu"
-    assert model.uses_kernel_first_steps(low) and model.uses_kernel_first_steps(high)
-    assert not model.uses_kernel_first_steps(low - 1)
-    assert not model.uses_kernel_first_steps(high + 1)
-    config = model.config
-    forced = {flag: models.EncoderDecoderModel(config, kernel_first_steps=flag)
-              for flag in (True, False)}
-    assert forced[True].uses_kernel_first_steps(1024)
-    assert not forced[False].uses_kernel_first_steps(1)
+    default = decoding.DecodingConfig()
+    assert default.uses_kernel_first_steps(low) and default.uses_kernel_first_steps(high)
+    assert not default.uses_kernel_first_steps(low - 1)
+    assert not default.uses_kernel_first_steps(high + 1)
+    assert decoding.DecodingConfig(kernel_first_steps=True).uses_kernel_first_steps(1024)
+    assert not decoding.DecodingConfig(kernel_first_steps=False).uses_kernel_first_steps(4)
+    with pytest.raises(ValueError, match="kernel_first_steps"):
+        decoding.DecodingConfig(kernel_first_steps="yes")
     batch = {"encoder_input_tokens": _batch(rng_seed=5)["encoder_input_tokens"]}
     for method in ("greedy", "beam"):
         tokens = {
-            flag: jax.jit(functools.partial(m.predict_batch, method=method, beam_size=3,
-                                            max_decode_length=8))(params[0], batch)
-            for flag, m in forced.items()
+            flag: jax.jit(functools.partial(model.predict_batch, method=method, beam_size=3,
+                                            max_decode_length=8, kernel_first_steps=flag))(
+                params[0], batch)
+            for flag in (True, False)
         }
         np.testing.assert_array_equal(tokens[True], tokens[False])
         assert np.any(np.asarray(tokens[True]) > 1)  # real tokens, not an empty decode

@@ -380,3 +380,15 @@ def test_labels_follow_parameters_added_later():
 def test_label_transforms_names_missing_labels():
     with pytest.raises(ValueError, match=r"\['frozen'\] have no transformation"):
         optim.label_transforms({"trainable": optax.sgd(0.1)}, [(r"^encoder/", "frozen")])
+
+
+def test_importing_the_optimizer_loads_no_network():
+    """`t2t.optim` reads parameter paths through the leaf `t2t.pytrees`, not the partitioner, so
+    importing it loads neither the network nor the partitioning package."""
+    import subprocess
+    import sys
+
+    code = ("import sys, t2t.optim; "
+            "print(sorted(m for m in ('t2t.nn', 't2t.partitioning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

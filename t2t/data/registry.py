@@ -1,7 +1,11 @@
-"""One entry point from a name to a registered seqio task or mixture, with a helpful miss.
+"""The one way t2t registers seqio tasks and mixtures, and finds them by name.
 
-seqio's own lookup logs the near names and raises a bare error; here the nearest names are in
-the exception, together with the reminder that registrations come from explicit imports.
+Registering: `add_task` / `add_mixture` replace a task that the same t2t module registered
+before (its `register()` run again, e.g. with another vocabulary or objective knobs) and refuse
+any other task of that name, so a user's task and t2t's never silently replace each other.
+
+Finding: seqio's own lookup logs the near names and raises a bare error; here the nearest names
+are in the exception, together with the reminder that registrations come from explicit imports.
 """
 
 from __future__ import annotations
@@ -16,6 +20,48 @@ _IMPORT_HINT = (
     "`import t2t.data.tasks.builtin`, `t2t.data.tasks.c4`, `t2t.data.tasks.glue`, "
     "`t2t.data.tasks.mixtures` (or `t2t.data.tasks.import_all()`)."
 )
+
+
+# (kind, name) -> (the module that registered it through `add_task` / `add_mixture`, the object).
+_OWNERS: dict[tuple[str, str], tuple[str, object]] = {}
+
+
+def add_task(name: str, owner: str, **task_args) -> seqio.Task:
+    """Registers `seqio.Task(name, **task_args)` on behalf of module `owner` (its `__name__`).
+
+    Raises:
+      ValueError: a task of that name was registered by another module or outside t2t.
+    """
+    _make_room(seqio.TaskRegistry, "task", name, owner)
+    task = seqio.TaskRegistry.add(name, **task_args)
+    _OWNERS[("task", name)] = (owner, task)
+    return task
+
+
+def add_mixture(name: str, tasks, owner: str, **mixture_args) -> seqio.Mixture:
+    """Registers `seqio.Mixture(name, tasks, **mixture_args)` on behalf of module `owner`.
+
+    Raises:
+      ValueError: a mixture of that name was registered by another module or outside t2t.
+    """
+    _make_room(seqio.MixtureRegistry, "mixture", name, owner)
+    mixture = seqio.MixtureRegistry.add(name, tasks, **mixture_args)
+    _OWNERS[("mixture", name)] = (owner, mixture)
+    return mixture
+
+
+def _make_room(registry, kind: str, name: str, owner: str) -> None:
+    if name in registry.names():
+        previous, registered = _OWNERS.get((kind, name), (None, None))
+        if registry.get(name) is not registered:
+            previous = None  # replaced outside t2t since
+        if previous != owner:
+            raise ValueError(
+                f"A {kind} named {name!r} is already registered "
+                f"({f'by {previous}' if previous else 'outside t2t'}); {owner} registers another "
+                f"under the same name. Rename one of them, or remove the first with "
+                f"seqio.{registry.__name__}.remove({name!r}).")
+        registry.remove(name)
 
 
 def registered_names() -> list[str]:

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from t2t.nn.additions import is_added
-from t2t.partitioning import is_variable, param_path
+from t2t.pytrees import is_variable, param_path
 
 STACKS = ("encoder", "decoder")
 _LAYER = re.compile(r"^layers_(\d+)$")

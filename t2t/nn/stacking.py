@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t2t.nn import axes
+from t2t.pytrees import is_variable
 
 # remat_policy -> the `jax.checkpoint` policy (None: no rematerialization; "full" saves nothing).
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -63,7 +64,6 @@ def stack_modules(modules: Sequence[nnx.Module]) -> nnx.Module:
             stacked.set_metadata("out_sharding", (axes.LAYERS, *names))
         return stacked
 
-    is_variable = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
     return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=is_variable))
 
 

@@ -31,7 +31,7 @@ from t2t.partitioning.mesh import (
     make_mesh,
     resolve_mesh_shape,
 )
-from t2t.partitioning.partitioner import Partitioner, is_variable, make_partitioner, param_path
+from t2t.partitioning.partitioner import Partitioner, make_partitioner
 from t2t.partitioning.rules import (
     DATA,
     MESH_AXES,
@@ -40,6 +40,7 @@ from t2t.partitioning.rules import (
     LogicalRules,
     logical_axis_rules,
 )
+from t2t.pytrees import is_variable, param_path
 
 __all__ = [
     "is_variable",

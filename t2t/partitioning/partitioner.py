@@ -21,11 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from t2t.nn import axes
 from t2t.partitioning.mesh import data_shard_of_process, make_mesh
 from t2t.partitioning.rules import MESH_AXES, LogicalRules, logical_axis_rules
-
-
-def is_variable(x: Any) -> bool:
-    """Whether a tree leaf is an NNX variable (the `is_leaf` of parameter-tree maps)."""
-    return isinstance(x, nnx.Variable)
+from t2t.pytrees import is_variable, param_path
 
 
 def _logical_names(x: Any) -> tuple[str | None, ...]:
@@ -33,23 +29,6 @@ def _logical_names(x: Any) -> tuple[str | None, ...]:
     if is_variable(x):
         return tuple(x.get_metadata().get("out_sharding") or ())
     return ()
-
-
-def param_path(path: Sequence[Any]) -> str:
-    """A tree path as T5X-style "encoder/layers_0/mlp/wi/kernel" (Variable `.value` dropped)."""
-    parts = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            parts.append(key.name)
-        else:
-            parts.append(str(key))
-    if parts and parts[-1] == "value":
-        parts.pop()
-    return "/".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

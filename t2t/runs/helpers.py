@@ -34,7 +34,8 @@ def task_names(tasks: str | Sequence[str] | None, what: str) -> list[str]:
 
 
 def import_task_modules(modules: Sequence[str] = (), names: Sequence[str] = ()) -> None:
-    """Imports registration modules, then every one of `t2t.data.tasks` if a name is missing.
+    """Imports registration modules, then, for a name still missing, the one module of
+    `t2t.data.tasks` that owns it (`t2t.data.tasks.import_for`; nothing else is imported).
 
     Args:
       modules: modules to import first, e.g. ["t2t.data.tasks.glue"].
@@ -45,11 +46,12 @@ def import_task_modules(modules: Sequence[str] = (), names: Sequence[str] = ()) 
     for module in modules:
         importlib.import_module(module)
     registered = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
-    if any(name not in registered for name in names):
+    missing = [name for name in names if name not in registered]
+    if missing:
         from t2t.data import tasks
 
-        logging.info("Importing every task registration module to find %s.", list(names))
-        tasks.import_all()
+        imported = tasks.import_for(missing)
+        logging.info("Imported %s to find %s.", imported, missing)
 
 
 def require(value: Any, flag: str, binding: str) -> Any:

@@ -87,3 +87,34 @@ def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
     assert cache.corpus_directory().startswith(str(tmp_path))
     with pytest.raises(ValueError, match="splits"):
         cache.BuiltinCorpus("x").corpus_path("test")
+
+
+def test_registering_reads_nothing_and_first_use_builds(builtin_tasks, builtin_corpus, tmp_path,
+                                                         monkeypatch):
+    """Importing `t2t.data.tasks.builtin` only registers: the corpus is built (here: the session's
+    corpus stands in for the build) when a task is first counted or read, or its vocabulary used."""
+    import seqio
+
+    from t2t.data.tasks import builtin
+
+    session_root = os.path.dirname(os.path.dirname(builtin_corpus.directory))
+    builds = []
+
+    def build(root, **kwargs):
+        builds.append(root)
+        return builtin_corpus
+
+    monkeypatch.setattr(cache, "get_or_build", build)
+    try:
+        builtin.register(str(tmp_path))
+        assert builds == [] and os.listdir(tmp_path) == []
+        task = seqio.get_mixture_or_task("builtin_package")
+        assert task.num_input_examples("validation") == builtin_corpus.stats[
+            "package_validation"]["examples"]
+        assert builds == [str(tmp_path)]
+        vocabulary = task.output_features["targets"].vocabulary
+        assert vocabulary.sentencepiece_model_file == builtin_corpus.vocabulary_path
+        assert builds == [str(tmp_path)] * 2
+    finally:
+        monkeypatch.undo()
+        builtin.register(session_root)  # the other tests' tasks read the session's corpus

@@ -8,7 +8,7 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-from t2t.data import mixtures
+from t2t.data import mixing
 
 PRETRAIN_LENGTHS = {"inputs": 128, "targets": 64}
 SUPERVISED_LENGTHS = {"inputs": 256, "targets": 64}
@@ -125,7 +125,7 @@ def test_builtin_tasks_from_real_text(builtin_tasks, builtin_vocabulary):
     for name in builtin_tasks:
         task = seqio.get_mixture_or_task(name)
         if isinstance(task, seqio.Mixture):
-            assert sum(mixtures.proportions(task).values()) == pytest.approx(1.0)
+            assert sum(mixing.proportions(task).values()) == pytest.approx(1.0)
             continue
         assert task.output_features["targets"].vocabulary.vocab_size == builtin_vocabulary.vocab_size
         if name in PREFIXES:
@@ -163,20 +163,20 @@ def test_paper_mixtures(builtin_vocabulary, published_sizes):
     module = importlib.import_module("t2t.data.tasks.mixtures")
     for name in module.MIXTURES:
         mixture = seqio.get_mixture_or_task(name)
-        shares = mixtures.proportions(mixture)
+        shares = mixing.proportions(mixture)
         assert sum(shares.values()) == pytest.approx(1.0)
     capped = seqio.get_mixture_or_task("all_proportional_k524288")
     for task in capped.tasks:
         expected = seqio.mixing_rate_num_examples(task, maximum=2**19)
         assert capped.get_rate(task) == pytest.approx(expected)
-    base = mixtures.proportions(seqio.get_mixture_or_task("all_multitask_base"))
+    base = mixing.proportions(seqio.get_mixture_or_task("all_multitask_base"))
     supervised = sum(min(n, 1_000_000) if name in ("wmt_ende", "wmt_enfr") else n
                      for name, n in published_sizes.items() if name != "c4_span_corruption")
     assert base["c4_span_corruption"] == pytest.approx(2_620_000 / (2_620_000 + supervised))
     assert base["wmt_enfr"] == pytest.approx(1_000_000 / (2_620_000 + supervised))
     left_out = seqio.get_mixture_or_task("leave_one_out_glue")
     assert not {t.name for t in left_out.tasks} & set(module.glue.TRAIN_TASKS)
-    glue_mix = mixtures.proportions(seqio.get_mixture_or_task("glue"))
+    glue_mix = mixing.proportions(seqio.get_mixture_or_task("glue"))
     assert glue_mix["glue_wnli"] == 0.0 and glue_mix["glue_mnli"] > glue_mix["glue_rte"] > 0
 
 
@@ -215,3 +215,20 @@ def test_text_file_tasks(tmp_path, builtin_corpus, builtin_vocabulary):
     assert "inputs" not in seqio.get_mixture_or_task("mytext_full_lm").output_features
     with pytest.raises(ValueError, match="No file matches"):
         text.register_text_file_tasks("missing", {"train": str(tmp_path / "nope*.txt")}, builtin_vocabulary)
+
+
+def test_each_name_leads_to_the_one_module_that_registers_it(builtin_tasks):
+    """A run naming a task imports only its owner (`tasks.import_for`): every name each module
+    registers maps back to that module, and an unknown name imports nothing."""
+    from t2t.data import tasks
+
+    for module_name in tasks.MODULES:
+        module = importlib.import_module(f"t2t.data.tasks.{module_name}")
+        names = getattr(module, "TASKS", ()) or module.MIXTURES
+        if module_name == "builtin":
+            names = [*names, *module.MIXTURES]
+        assert names
+        for name in names:
+            assert tasks.module_for(name) == module_name, name
+    assert tasks.module_for("colaa") is None and tasks.import_for(["colaa"]) == []
+    assert tasks.import_for(["glue_cola", "wmt_ende", "glue"]) == ["generation", "glue"]

@@ -1,7 +1,8 @@
 """Tasks on the built-in corpus (Python's own documentation): pretrain, fine-tune, evaluate offline.
 
-Importing this module builds the corpus and its vocabulary into the cache on first use (about
-10 s, see `t2t.data.builtin.cache`) and registers:
+Importing this module registers the tasks below and reads nothing. The corpus, its vocabulary and
+its benchmark are built into the cache (about 10 s, see `t2t.data.builtin.cache`) the first time
+a task is read or counted, or its vocabulary used; later runs find them there. Registers:
   - `builtin_<objective>` for every objective of `text.OBJECTIVES` (`builtin_span_corruption`
     is the T5 default), on the prose documents;
   - `builtin_summarize`: a docstring's body -> its one-line summary (ROUGE), the offline
@@ -25,12 +26,15 @@ Importing this module builds the corpus and its vocabulary into the cache on fir
 from __future__ import annotations
 
 import functools
+import os
+import sys
+from collections.abc import Mapping
 
 import seqio
 import tensorflow as tf
 
 from t2t import metrics
-from t2t.data import mixtures, vocab
+from t2t.data import mixing, registry, vocab
 from t2t.data.builtin import benchmark, cache
 from t2t.data.tasks import text
 
@@ -66,15 +70,68 @@ def format_package(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {"inputs": inputs, "targets": example["package"]}
 
 
-def _counts(corpus: cache.BuiltinCorpus, key: str, field: str) -> dict[str, int]:
-    return {split: corpus.stats[f"{key}_{split}"][field] for split in cache.SPLITS}
+def _built(root: str) -> cache.BuiltinCorpus:
+    """The corpus under cache root `root`, built first if it is not there (once per cache)."""
+    if not os.path.exists(os.path.join(cache.corpus_directory(root), "stats.json")):
+        print(f"Building the built-in corpus and its vocabulary under {root} (once, about 10 s; "
+              "`t2t cache` builds it ahead of time).", file=sys.stderr, flush=True)
+    return cache.get_or_build(root)
+
+
+def _corpus_counts(root: str, key: str, field: str) -> dict[str, int]:
+    stats = _built(root).stats
+    return {split: stats[f"{key}_{split}"][field] for split in cache.SPLITS}
+
+
+def _benchmark_counts(root: str, task: str) -> dict[str, int]:
+    stats = benchmark.stats(_built(root))
+    return {split: stats[f"{task}_{split}"]["examples"] for split in cache.SPLITS}
+
+
+class BuiltOnUse(seqio.TextLineDataSource):
+    """Text lines of files the built-in corpus makes; the files are built the first time the
+    source is read, listed or counted, not when its task is registered.
+
+    Args:
+      paths: split -> file (where the build writes it).
+      counts: returns split -> number of lines, building the files first if needed (a picklable
+        callable: seqio's Beam caching ships sources to workers).
+    """
+
+    def __init__(self, paths: Mapping[str, str], counts):
+        super().__init__(dict(paths))
+        self._counts = counts
+
+    def num_input_examples(self, split: str) -> int:
+        return self._counts()[split]
+
+    def list_shards(self, split: str):
+        self._counts()
+        return super().list_shards(split)
+
+
+class CorpusVocabulary(seqio.SentencePieceVocabulary):
+    """The built-in corpus's SentencePiece model: its file is built when first read."""
+
+    def __init__(self, root: str, extra_ids: int = vocab.NUM_SENTINELS):
+        self._root = root
+        super().__init__(cache.BuiltinCorpus(cache.corpus_directory(root)).vocabulary_path,
+                         extra_ids=extra_ids)
+
+    @property
+    def _sentencepiece_model_file(self) -> str:
+        return _built(self._root).vocabulary_path
+
+    @_sentencepiece_model_file.setter
+    def _sentencepiece_model_file(self, value: str) -> None:
+        del value  # decided by the cache root, above
 
 
 def _register_supervised(name, paths, counts, fields, formatter, metric_fns, vocabulary):
-    seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add(
+    registry.add_task(
         name,
-        source=seqio.TextLineDataSource(paths, num_input_examples=counts),
+        __name__,
+        source=BuiltOnUse(paths, counts),
         preprocessors=[
             functools.partial(text.parse_tsv, field_names=fields),
             formatter,
@@ -87,12 +144,13 @@ def _register_supervised(name, paths, counts, fields, formatter, metric_fns, voc
     )
 
 
-def register_supervised(corpus: cache.BuiltinCorpus, vocabulary: seqio.Vocabulary) -> list[str]:
+def register_supervised(root: str, vocabulary: seqio.Vocabulary) -> list[str]:
     """Registers `builtin_summarize` and `builtin_package`; returns their names."""
+    corpus = cache.BuiltinCorpus(cache.corpus_directory(root))  # paths only: nothing is read
     _register_supervised(
         "builtin_summarize",
         {split: corpus.summarize_path(split) for split in cache.SPLITS},
-        _counts(corpus, "summarize", "examples"),
+        functools.partial(_corpus_counts, root, "summarize", "examples"),
         ("body", "summary"),
         format_summarize,
         [metrics.rouge],
@@ -101,7 +159,7 @@ def register_supervised(corpus: cache.BuiltinCorpus, vocabulary: seqio.Vocabular
     _register_supervised(
         "builtin_package",
         {split: corpus.package_path(split) for split in cache.SPLITS},
-        _counts(corpus, "package", "examples"),
+        functools.partial(_corpus_counts, root, "package", "examples"),
         ("docstring", "package"),
         format_package,
         [metrics.accuracy],
@@ -124,25 +182,23 @@ def _format_benchmark(prefix: str, fields: tuple[str, ...]):
     return format_example
 
 
-def register_benchmark(corpus: cache.BuiltinCorpus, vocabulary: seqio.Vocabulary) -> list[str]:
+def register_benchmark(root: str, vocabulary: seqio.Vocabulary) -> list[str]:
     """Registers the benchmark's tasks (`BENCHMARK_TASKS`); returns their names."""
     from preprocessors import postprocessors
 
-    built = benchmark.stats(corpus)
+    directory = cache.corpus_directory(root)
     for name, (task, metric_fns) in BENCHMARK_TASKS.items():
         fields = benchmark.FIELDS[task]
         labels = benchmark.LABELS.get(task)
         postprocess = (functools.partial(postprocessors.string_label_to_class_id,
                                          label_classes=labels) if labels
                        else postprocessors.string_to_float)
-        seqio.TaskRegistry.remove(name)
-        seqio.TaskRegistry.add(
+        registry.add_task(
             name,
-            source=seqio.TextLineDataSource(
-                {split: benchmark.task_path(corpus.directory, task, split)
-                 for split in cache.SPLITS},
-                num_input_examples={split: built[f"{task}_{split}"]["examples"]
-                                    for split in cache.SPLITS}),
+            __name__,
+            source=BuiltOnUse(
+                {split: benchmark.task_path(directory, task, split) for split in cache.SPLITS},
+                functools.partial(_benchmark_counts, root, task)),
             preprocessors=[
                 functools.partial(text.parse_tsv, field_names=(*fields, "label")),
                 _format_benchmark(task, fields),
@@ -158,13 +214,12 @@ def register_benchmark(corpus: cache.BuiltinCorpus, vocabulary: seqio.Vocabulary
 
 
 def register_pretraining(
-    corpus: cache.BuiltinCorpus, vocabulary: seqio.Vocabulary, objectives=text.OBJECTIVES
+    root: str, vocabulary: seqio.Vocabulary, objectives=text.OBJECTIVES
 ) -> list[str]:
     """Registers `builtin_<objective>` for each objective; returns the names."""
-    source = seqio.TextLineDataSource(
-        {split: corpus.corpus_path(split) for split in cache.SPLITS},
-        num_input_examples=_counts(corpus, "corpus", "documents"),
-    )
+    corpus = cache.BuiltinCorpus(cache.corpus_directory(root))  # paths only: nothing is read
+    source = BuiltOnUse({split: corpus.corpus_path(split) for split in cache.SPLITS},
+                        functools.partial(_corpus_counts, root, "corpus", "documents"))
     names = []
     for objective in objectives:
         name = f"builtin_{objective}"
@@ -176,11 +231,12 @@ def register_pretraining(
 
 
 def register(cache_dir: str | None = None) -> list[str]:
-    """Builds (if needed) the corpus under `cache_dir` and registers every built-in task."""
-    corpus = cache.get_or_build(cache_dir)
-    vocabulary = vocab.load_vocabulary(corpus.vocabulary_path)
-    names = (register_pretraining(corpus, vocabulary) + register_supervised(corpus, vocabulary)
-             + register_benchmark(corpus, vocabulary))
+    """Registers every built-in task on the corpus under `cache_dir` (default
+    `$T2T_CACHE_DIR`, read now); the corpus is built when first used."""
+    root = os.path.abspath(cache_dir or cache.cache_root())
+    vocabulary = CorpusVocabulary(root)
+    names = (register_pretraining(root, vocabulary) + register_supervised(root, vocabulary)
+             + register_benchmark(root, vocabulary))
     multitask = ("builtin_span_corruption", *SUPERVISED_TASKS)
     mixture_tasks = {"builtin_supervised": SUPERVISED_TASKS, "builtin_multitask": multitask,
                      "builtin_glue": SUITE}
@@ -188,8 +244,8 @@ def register(cache_dir: str | None = None) -> list[str]:
         name = f"builtin_leave_one_out_{left_out[len('builtin_'):]}"
         mixture_tasks[name] = tuple(t for t in multitask if t != left_out)
     for name, tasks in mixture_tasks.items():
-        seqio.MixtureRegistry.remove(name)
-        seqio.MixtureRegistry.add(name, list(tasks), default_rate=mixtures.examples_proportional())
+        registry.add_mixture(name, list(tasks), __name__,
+                             default_rate=mixing.examples_proportional())
     return names + list(mixture_tasks) + _register_mixing()
 
 
@@ -200,13 +256,13 @@ def _register_mixing() -> list[str]:
     tasks = ["builtin_span_corruption", *SUITE]
     rates = {"builtin_glue_mt_equal": 1.0}
     for k in MIXING_K:
-        rates[f"builtin_glue_mt_k{k}"] = mixtures.examples_proportional(k)
+        rates[f"builtin_glue_mt_k{k}"] = mixing.examples_proportional(k)
     for t in MIXING_TEMPERATURES:
-        rates[f"builtin_glue_mt_t{t}"] = mixtures.examples_proportional(MIXING_K[-1],
+        rates[f"builtin_glue_mt_t{t}"] = mixing.examples_proportional(MIXING_K[-1],
                                                                          temperature=t)
     mixture_tasks = {name: tasks for name in rates}
     # Table 12: supervised multi-task pre-training (no span corruption), and leave-one-out.
-    middle = mixtures.examples_proportional(MIXING_K[1])
+    middle = mixing.examples_proportional(MIXING_K[1])
     rates["builtin_glue_supervised"] = middle
     mixture_tasks["builtin_glue_supervised"] = list(SUITE)
     for left_out in SUITE:
@@ -214,8 +270,7 @@ def _register_mixing() -> list[str]:
         rates[name] = middle
         mixture_tasks[name] = [t for t in tasks if t != left_out]
     for name, rate in rates.items():
-        seqio.MixtureRegistry.remove(name)
-        seqio.MixtureRegistry.add(name, mixture_tasks[name], default_rate=rate)
+        registry.add_mixture(name, mixture_tasks[name], __name__, default_rate=rate)
     return list(rates)
 
 

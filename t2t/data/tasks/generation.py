@@ -13,7 +13,7 @@ import seqio
 
 from t2t import metrics
 from t2t.data import vocab
-from t2t.data.tasks import glue, text
+from t2t.data.tasks import glue
 
 SQUAD_TFDS_NAME = "squad/v1.1:3.0.0"
 CNN_DAILYMAIL_TFDS_NAME = "cnn_dailymail:3.4.0"
@@ -26,31 +26,21 @@ TRANSLATION = {
 TASK_NAMES = ("squad", "cnn_dailymail", *TRANSLATION)
 
 
-def _add(name, tfds_name, formatter, metric_fns, vocabulary, postprocess_fn=None, splits=None):
-    seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add(
-        name,
-        source=seqio.TfdsDataSource(tfds_name, splits=dict(splits or glue.STANDARD_SPLITS)),
-        preprocessors=glue.supervised_preprocessors(formatter),
-        postprocess_fn=postprocess_fn,
-        metric_fns=metric_fns,
-        output_features=text.output_features(vocabulary),
-    )
-
-
 def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:
     """Registers the SQuAD, CNN/DM and WMT tasks; returns their names."""
     import preprocessors
     from preprocessors import postprocessors
 
     vocabulary = vocabulary or vocab.default_vocabulary()
-    _add("squad", SQUAD_TFDS_NAME, preprocessors.squad, [metrics.squad_em_f1], vocabulary,
-         postprocess_fn=postprocessors.qa, splits={"train": "train", "validation": "validation"})
+    glue.register_tfds_task("squad", SQUAD_TFDS_NAME, preprocessors.squad, vocabulary,
+                            metric_fns=[metrics.squad_em_f1], postprocess_fn=postprocessors.qa,
+                            splits={"train": "train", "validation": "validation"})
     summarize = functools.partial(preprocessors.summarize, article_key="article", summary_key="highlights")
-    _add("cnn_dailymail", CNN_DAILYMAIL_TFDS_NAME, summarize, [metrics.rouge], vocabulary)
+    glue.register_tfds_task("cnn_dailymail", CNN_DAILYMAIL_TFDS_NAME, summarize, vocabulary,
+                            metric_fns=[metrics.rouge])
     for name, (tfds_name, language) in TRANSLATION.items():
         translate = functools.partial(preprocessors.translate, source_language="en", target_language=language)
-        _add(name, tfds_name, translate, [metrics.bleu], vocabulary)
+        glue.register_tfds_task(name, tfds_name, translate, vocabulary, metric_fns=[metrics.bleu])
     return list(TASK_NAMES)
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import seqio
 
 from t2t import metrics
-from t2t.data import mixtures, vocab
+from t2t.data import mixing, registry, vocab
 from t2t.data.tasks import text
 
 TFDS_VERSION = "2.0.0"
@@ -88,27 +88,54 @@ def supervised_preprocessors(formatter: Callable) -> list[Callable]:
             seqio.preprocessors.append_eos_after_trim]
 
 
+def register_tfds_task(
+    name: str,
+    tfds_name: str,
+    formatter: Callable,
+    vocabulary: seqio.Vocabulary,
+    *,
+    metric_fns: Sequence[Callable] = (),
+    postprocess_fn: Callable | None = None,
+    splits: Mapping[str, str] | None = None,
+) -> seqio.Task:
+    """Registers a supervised task over a TFDS dataset (GLUE, SuperGLUE, SQuAD, CNN/DM, WMT):
+    records formatted into text by `formatter`, then `supervised_preprocessors`.
+
+    Args:
+      name: the task name; a task t2t registered under it before is replaced.
+      tfds_name: e.g. "glue/cola:2.0.0".
+      formatter: record -> {"inputs", "targets"} text (a `preprocessors` function).
+      vocabulary: tokenizes both features.
+      metric_fns, postprocess_fn: as `seqio.Task` takes them.
+      splits: task split -> TFDS split (default `STANDARD_SPLITS`).
+    """
+    return registry.add_task(
+        name,
+        __name__,
+        source=seqio.TfdsDataSource(tfds_name, splits=dict(splits or STANDARD_SPLITS)),
+        preprocessors=supervised_preprocessors(formatter),
+        postprocess_fn=postprocess_fn,
+        metric_fns=list(metric_fns),
+        output_features=text.output_features(vocabulary),
+    )
+
+
 def register_classification_task(
     name: str,
     task: ClassificationTask,
     vocabulary: seqio.Vocabulary,
     postprocess_fn: Callable | None = None,
-) -> None:
+) -> seqio.Task:
     """Registers one GLUE/SuperGLUE classification task (replacing an older one of `name`).
 
     `postprocess_fn` defaults to `classification_postprocessor(task.config)`.
     """
     import preprocessors
 
-    seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add(
-        name,
-        source=seqio.TfdsDataSource(task.tfds_name, splits=dict(task.splits)),
-        preprocessors=supervised_preprocessors(preprocessors.text_preprocessor(task.tfds_name)),
-        postprocess_fn=postprocess_fn or classification_postprocessor(task.config),
-        metric_fns=list(task.metric_fns),
-        output_features=text.output_features(vocabulary),
-    )
+    return register_tfds_task(
+        name, task.tfds_name, preprocessors.text_preprocessor(task.tfds_name), vocabulary,
+        metric_fns=task.metric_fns, splits=task.splits,
+        postprocess_fn=postprocess_fn or classification_postprocessor(task.config))
 
 
 def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:
@@ -116,11 +143,11 @@ def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:
     vocabulary = vocabulary or vocab.default_vocabulary()
     for name, task in SUBTASKS.items():
         register_classification_task(name, task, vocabulary)
-    seqio.MixtureRegistry.remove("glue")
-    seqio.MixtureRegistry.add(
+    registry.add_mixture(
         "glue",
-        [(name, mixtures.examples_proportional()) for name in TRAIN_TASKS]
+        [(name, mixing.examples_proportional()) for name in TRAIN_TASKS]
         + [(name, 0.0) for name in EVAL_ONLY_TASKS],
+        __name__,
     )
     return [*SUBTASKS, "glue"]
 

@@ -10,14 +10,12 @@ Imports the C4, GLUE, SuperGLUE and generation registrations, then registers:
   - `supervised_equal`, `supervised_proportional_k<K>`: the supervised tasks alone, and
     `large_supervised_{equal,proportional}` (WMT En-De, En-Fr, CNN/DM) for supervised pre-training.
 Rates are computed when a mixture is used, from TFDS split info; plan them offline with
-`t2t.data.mixtures.examples_proportional(..., sizes=...)`.
+`t2t.data.mixing.examples_proportional(..., sizes=...)`.
 """
 
 from __future__ import annotations
 
-import seqio
-
-from t2t.data import mixtures
+from t2t.data import mixing, registry
 from t2t.data.tasks import c4, generation, glue, superglue  # noqa: F401 (registers their tasks)
 
 UNLABELED_TASK = "c4_span_corruption"
@@ -39,8 +37,7 @@ MULTITASK_K = 2**19
 
 
 def _add(name: str, tasks, default_rate=None) -> str:
-    seqio.MixtureRegistry.remove(name)
-    seqio.MixtureRegistry.add(name, list(tasks), default_rate=default_rate)
+    registry.add_mixture(name, list(tasks), __name__, default_rate=default_rate)
     return name
 
 
@@ -48,24 +45,24 @@ def register() -> list[str]:
     """Registers every mixture listed in the module docstring; returns their names."""
     everything = (UNLABELED_TASK, *SUPERVISED_TASKS)
     names = [_add("all_equal", everything, 1.0)]
-    for k in mixtures.PAPER_K_SWEEP:
-        names.append(_add(f"all_proportional_k{k}", everything, mixtures.examples_proportional(k)))
-    for t in mixtures.PAPER_TEMPERATURES:
-        rate = mixtures.examples_proportional(mixtures.PAPER_K_SWEEP[-1], temperature=t)
+    for k in mixing.PAPER_K_SWEEP:
+        names.append(_add(f"all_proportional_k{k}", everything, mixing.examples_proportional(k)))
+    for t in mixing.PAPER_TEMPERATURES:
+        rate = mixing.examples_proportional(mixing.PAPER_K_SWEEP[-1], temperature=t)
         names.append(_add(f"all_temperature_t{t}", everything, rate))
-    for size in mixtures.ARTIFICIAL_UNLABELED_SIZES:
-        pairs = mixtures.paper_multitask_rates(
+    for size in mixing.ARTIFICIAL_UNLABELED_SIZES:
+        pairs = mixing.paper_multitask_rates(
             list(SUPERVISED_TASKS), UNLABELED_TASK, size, wmt_tasks=WMT_CAPPED)
         names.append(_add(f"all_multitask_{size}", pairs))
     for group, left_out in SUPERVISED_GROUPS.items():
         kept = [t for t in everything if t not in left_out]
-        names.append(_add(f"leave_one_out_{group}", kept, mixtures.examples_proportional(MULTITASK_K)))
+        names.append(_add(f"leave_one_out_{group}", kept, mixing.examples_proportional(MULTITASK_K)))
     names.append(_add("supervised_equal", SUPERVISED_TASKS, 1.0))
     names.append(_add(f"supervised_proportional_k{MULTITASK_K}", SUPERVISED_TASKS,
-                      mixtures.examples_proportional(MULTITASK_K)))
+                      mixing.examples_proportional(MULTITASK_K)))
     names.append(_add("large_supervised_equal", LARGE_SUPERVISED_TASKS, 1.0))
     names.append(_add("large_supervised_proportional", LARGE_SUPERVISED_TASKS,
-                      mixtures.examples_proportional()))
+                      mixing.examples_proportional()))
     return names
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import seqio
 
 from t2t import metrics
-from t2t.data import mixtures, vocab
-from t2t.data.tasks import glue, text
+from t2t.data import mixing, registry, vocab
+from t2t.data.tasks import glue
 
 TFDS_VERSION = "1.0.2"
 DPR_TFDS_NAME = "definite_pronoun_resolution:1.1.0"
@@ -62,18 +62,6 @@ def record_metric(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Ma
     return metrics.record_em_f1(list(answers), list(predicted))
 
 
-def _add(name, tfds_name, formatter, postprocess_fn, metric_fns, vocabulary, splits=None):
-    seqio.TaskRegistry.remove(name)
-    seqio.TaskRegistry.add(
-        name,
-        source=seqio.TfdsDataSource(tfds_name, splits=dict(splits or glue.STANDARD_SPLITS)),
-        preprocessors=glue.supervised_preprocessors(formatter),
-        postprocess_fn=postprocess_fn,
-        metric_fns=metric_fns,
-        output_features=text.output_features(vocabulary),
-    )
-
-
 def _register_classification(vocabulary) -> list[str]:
     from preprocessors import postprocessors
 
@@ -90,17 +78,20 @@ def _register_special(vocabulary) -> list[str]:
     import preprocessors
     from preprocessors import postprocessors
 
-    _add("super_glue_record", _tfds("record"), preprocessors.record, postprocessors.record,
-         [record_metric], vocabulary)
+    glue.register_tfds_task("super_glue_record", _tfds("record"), preprocessors.record,
+                            vocabulary, metric_fns=[record_metric],
+                            postprocess_fn=postprocessors.record)
     wsc_train = functools.partial(preprocessors.wsc_simple, correct_referent_only=True)
-    _add("super_glue_wsc_simple_train", _tfds("wsc.fixed"), wsc_train, postprocessors.wsc_simple,
-         [metrics.accuracy], vocabulary, splits={"train": "train"})
-    _add("super_glue_wsc_simple_eval", _tfds("wsc.fixed"), preprocessors.wsc_simple,
-         postprocessors.wsc_simple, [metrics.accuracy], vocabulary,
-         splits={"validation": "validation", "test": "test"})
+    glue.register_tfds_task("super_glue_wsc_simple_train", _tfds("wsc.fixed"), wsc_train,
+                            vocabulary, metric_fns=[metrics.accuracy],
+                            postprocess_fn=postprocessors.wsc_simple, splits={"train": "train"})
+    glue.register_tfds_task("super_glue_wsc_simple_eval", _tfds("wsc.fixed"),
+                            preprocessors.wsc_simple, vocabulary, metric_fns=[metrics.accuracy],
+                            postprocess_fn=postprocessors.wsc_simple,
+                            splits={"validation": "validation", "test": "test"})
     # DPR's target is always the referent: score the predicted noun phrase as exact text.
-    _add("dpr_simple", DPR_TFDS_NAME, preprocessors.dpr_simple, None, [metrics.accuracy], vocabulary,
-         splits={"train": "train", "test": "test"})
+    glue.register_tfds_task("dpr_simple", DPR_TFDS_NAME, preprocessors.dpr_simple, vocabulary,
+                            metric_fns=[metrics.accuracy], splits={"train": "train", "test": "test"})
     return ["super_glue_record", "super_glue_wsc_simple_train", "super_glue_wsc_simple_eval",
             "dpr_simple"]
 
@@ -109,11 +100,11 @@ def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:
     """Registers every SuperGLUE task and the `super_glue` mixture; returns the names."""
     vocabulary = vocabulary or vocab.default_vocabulary()
     names = _register_classification(vocabulary) + _register_special(vocabulary)
-    seqio.MixtureRegistry.remove("super_glue")
-    seqio.MixtureRegistry.add(
+    registry.add_mixture(
         "super_glue",
-        [(name, mixtures.examples_proportional()) for name in TRAIN_TASKS]
+        [(name, mixing.examples_proportional()) for name in TRAIN_TASKS]
         + [(name, 0.0) for name in EVAL_ONLY_TASKS],
+        __name__,
     )
     return [*names, "super_glue"]
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import seqio
 import tensorflow as tf
 
+from t2t.data import registry
+
 # Table 3 objectives, named as the `preprocessors` package exports them.
 OBJECTIVES = (
     "span_corruption",
@@ -130,9 +132,9 @@ def register_pretraining_task(
       source_preprocessors: run first (e.g. `line_to_text` for a `TextLineDataSource`).
       **knobs: keyword arguments of the objective (e.g. `noise_density=0.5`).
     """
-    seqio.TaskRegistry.remove(name)
-    return seqio.TaskRegistry.add(
+    return registry.add_task(
         name,
+        __name__,
         source=source,
         preprocessors=[*source_preprocessors, *pretraining_preprocessors(objective, text_key, **knobs)],
         output_features=output_features(vocabulary, has_inputs=objective not in TARGETS_ONLY_OBJECTIVES),

@@ -1,0 +1,156 @@
+"""The `t2t` command: a thin dispatcher to importable functions, one subcommand each.
+
+Each subcommand is a function `add_<name>(subparsers)` that declares its flags and binds `handler`,
+a small function that imports the module doing the work (so `t2t --help` stays fast) and calls
+it: `data_commands` (vocab, cache), `run_commands` (train, chain, study, compile, check),
+`decode_commands` (eval, infer, export, average), with the shared gin flags in `gin_flags`. To
+add a subcommand, write such a function and list it in SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+from t2t import terminal
+from t2t.cli import data_commands, decode_commands, run_commands
+
+SUBCOMMANDS = [
+    data_commands.add_vocab, data_commands.add_cache, run_commands.add_train, run_commands.add_chain,
+    run_commands.add_study, decode_commands.add_eval, decode_commands.add_infer, decode_commands.add_export,
+    decode_commands.add_average, run_commands.add_compile, run_commands.add_check,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="t2t", description="Text-to-text Transformer pretraining in JAX.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separates `--gin.NAME=VALUE` (or `--gin.NAME VALUE`) flags from the others.
+
+    Example: ["train", "--gin.MODEL_DIR='/tmp/x'", "--gin_file=a.gin"] ->
+    (["train", "--gin_file=a.gin"], ["MODEL_DIR = '/tmp/x'"]).
+    """
+    rest, bindings = [], []
+    items = iter(argv)
+    for item in items:
+        if item.startswith("--gin.") and item != "--gin.":
+            name, equals, value = item[len("--gin."):].partition("=")
+            if not equals:
+                value = next(items, None)
+                if value is None:
+                    raise SystemExit(f"t2t: error: {item} needs a value (--gin.NAME=VALUE).")
+            bindings.append(f"{name} = {value}")
+        else:
+            rest.append(item)
+    return rest, bindings
+
+
+_TRAINING_COMMANDS = ("train", "chain", "study")
+_PREEMPTED_EXIT_CODE = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE, without importing it here
+
+
+@contextlib.contextmanager
+def _stop_at_once_on_signals(command: str):
+    """SIGTERM or SIGINT outside the training loop (start-up: imports, gin, data; or the end,
+    after the last checkpoint is committed) stops the process at once with exit 75: nothing
+    unsaved is lost there, and the trainer handles them itself while it trains (it saves, then
+    stops). `os._exit`, not an exception: an exception raised into a half-initialized runtime
+    (XLA, TensorFlow) can crash the interpreter's shutdown (seen as SIGSEGV under the fault
+    injection harness). The previous handlers are put back when the command returns.
+    """
+    import signal
+
+    def handler(signum, frame):
+        from t2t.checkpoints import lock
+
+        lock.release_all()  # the model directory is free again at once
+        print(f"t2t {command}: stopped by {signal.Signals(signum).name} outside the training "
+              "loop (starting up or finishing); every checkpoint reported saved is kept. Run "
+              "the same command again to go on.", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(_PREEMPTED_EXIT_CODE)
+
+    previous = {number: signal.signal(number, handler)
+                for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def _preempted() -> tuple[type[BaseException], ...]:
+    """`t2t.trainer.loop.Preempted` once the trainer is loaded (`except` evaluates this when
+    an exception arrives), so commands that never train do not import it."""
+    loop = sys.modules.get("t2t.trainer.loop")
+    return (loop.Preempted,) if loop is not None else ()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `t2t` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    show_traceback = "--traceback" in argv or os.environ.get("T2T_TRACEBACK") == "1"
+    verbose = "--verbose" in argv or os.environ.get("T2T_VERBOSE") == "1"
+    argv = [a for a in argv if a not in ("--traceback", "--verbose")]
+    argv, gin_bindings = split_gin_bindings(argv)
+    args = build_parser().parse_args(argv)
+    if not verbose:
+        terminal.quiet_libraries()
+    args.gin_bindings = gin_bindings
+    if gin_bindings and not hasattr(args, "gin_file"):
+        print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
+        return 2
+    signals = (_stop_at_once_on_signals(args.command) if args.command in _TRAINING_COMMANDS
+               else contextlib.nullcontext())
+    try:
+        with signals:  # the trainer takes over while it trains (saves, then stops)
+            code = args.handler(args)
+    except _preempted() as stopped:  # SIGTERM / SIGINT: a checkpoint was saved, a clean stop
+        print(f"t2t {args.command}: {terminal.error_message(stopped)}", file=sys.stderr)
+        return _PREEMPTED_EXIT_CODE
+    except KeyboardInterrupt:  # a second Ctrl-C
+        print(f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
+              "reported saved.", file=sys.stderr)
+        return 130
+    except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
+        terminal.print_traceback(show_traceback)
+        print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
+        return 1
+    except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
+        if terminal.is_user_error(error):  # bad input: a message, not a traceback
+            terminal.print_traceback(show_traceback)
+            print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
+            return 2
+        terminal.print_traceback(True)
+        print(f"t2t {args.command}: internal error: {type(error).__name__}: "
+              f"{terminal.error_message(error)}\nThis is a bug in t2t (or an input it failed to "
+              "check); please report it with the command and the stack above.", file=sys.stderr)
+        return 1
+    return code if isinstance(code, int) else 0
+
+
+def console() -> None:
+    """The `t2t` console script: `main`, then an exit during which SIGTERM/SIGINT end the
+    process with the command's own status (the interpreter's shutdown after a training run can
+    take seconds; a scheduler's SIGTERM then must not turn a finished run into a killed one)."""
+    import signal
+
+    code = main()
+
+    def exit_now(signum, frame):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, exit_now)
+    sys.exit(code)
+

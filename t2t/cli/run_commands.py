@@ -1,0 +1,227 @@
+"""`t2t train`, `t2t chain`, `t2t study`, `t2t compile` and `t2t check`: the gin-configured
+training runs, their ahead-of-time compilation, and the checksum check of a model directory."""
+
+from __future__ import annotations
+
+import os
+
+from t2t.cli.gin_flags import add_gin_flags, configure, ints
+
+
+def add_train(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a model configured by gin files (pretraining or fine-tuning)",
+        description="Train as the gin files say (t2t.runs.train). Example: t2t train "
+        "--gin_file=gin/experiments/tiny_builtin_demo.gin --gin.MODEL_DIR=\"'/tmp/demo'\" "
+        "--gin.TRAIN_STEPS=100. --gin.NAME=VALUE binds any gin parameter or macro after the "
+        "files; restarting with the same MODEL_DIR resumes from its latest checkpoint.",
+    )
+    add_gin_flags(parser)
+
+    def handler(args) -> None:
+        from t2t import runs
+
+        if not args.gin_file:
+            raise ValueError("t2t train needs at least one --gin_file, e.g. "
+                             "--gin_file=gin/experiments/tiny_builtin_demo.gin")
+        configure(args)
+        summary = runs.train()
+        first, last = summary["first_loss"], summary["last_loss"]
+        if first is not None:
+            print(f"trained steps {summary['first_step']} -> {summary['last_step']}: loss "
+                  f"{first:.3f} -> {last:.3f}; {summary['tokens_seen']} tokens seen")
+        for name, value in summary["eval"].items():
+            print(f"  {name}: {value:.4f}")
+
+    parser.set_defaults(handler=handler)
+
+
+def add_chain(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "chain", help="train a chain of stages (pretrain -> intermediate -> target) in one go",
+        description="Run the stages a chain file lists (t2t.chain.run.stages), each an ordinary "
+        "training run in <MODEL_DIR>/<stage>, each starting from the previous stage's selected "
+        "checkpoint (best by a metric, or the last). Rerunning resumes: finished stages are "
+        "skipped. Example: t2t chain --gin_file=gin/chains/stilts_builtin.gin "
+        "--gin.MODEL_DIR=\"'runs/stilts'\" --gin.INIT_CHECKPOINT=\"'runs/demo'\"",
+    )
+    parser.add_argument("--stage_gin", action="append", default=[], metavar="BINDING",
+                        help="a gin binding added to every stage, e.g. --stage_gin="
+                        "\"t2t.runs.train.progress = False\" (repeatable)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print each stage's t2t train command; train nothing")
+    add_gin_flags(parser)
+
+    def handler(args) -> None:
+        from t2t import chain
+
+        if not args.gin_file:
+            raise ValueError("t2t chain needs a chain file, e.g. "
+                             "--gin_file=gin/chains/stilts_builtin.gin")
+        configure(args)
+        paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
+        result = chain.run(bindings=args.stage_gin, dry_run=args.dry_run, search_paths=paths)
+        if not args.dry_run:
+            for record in result["stages"]:
+                print(f"  {record['name']}: {record['model_dir']} -> step "
+                      f"{record['selected_step']} ({record['selection'].rsplit('@', 1)[1]})")
+
+    parser.set_defaults(handler=handler)
+
+
+def add_study(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "study", help="run a study (arms x tasks x seeds) and aggregate it: study.md/json/png",
+        description="Run the grid a study file declares (gin/studies/NAME.gin, or --gin_file), "
+        "each run an ordinary model directory under the study directory; rerunning skips "
+        "finished runs and resumes the rest. Then aggregate: per arm and task mean +- std over "
+        "seeds, degenerate runs, the suite average, a t-test against the baseline arm and the "
+        "ordering beside the paper's, in study.md, study.json and study.png. Example: t2t study "
+        "finetuning_methods --study_dir=runs/studies/finetuning_methods",
+    )
+    parser.add_argument("name", nargs="?", help="a study of gin/studies/ (without .gin); "
+                        "--gin_file adds files after it, e.g. a profile of "
+                        "gin/studies/profiles/ for the real benchmarks")
+    parser.add_argument("--study_dir", help="where runs and results go (default: the file's "
+                        "STUDY_DIR)")
+    parser.add_argument("--seeds", type=ints, help="restarts, e.g. 0,1,2 (default: the file's)")
+    parser.add_argument("--arms", type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
+                        help="only these arms, comma-separated names (default: all the file's)")
+    parser.add_argument("--print_commands", action="store_true",
+                        help="print every run's t2t train commands; train nothing")
+    parser.add_argument("--aggregate_only", action="store_true",
+                        help="train nothing; aggregate the runs that have results")
+    parser.add_argument("--stage_gin", action="append", default=[], metavar="BINDING",
+                        help="a gin binding added to every stage of every run (repeatable)")
+    add_gin_flags(parser)
+
+    def handler(args) -> None:
+        from t2t.studies import runner
+
+        if args.name:  # the study's file first; --gin_file ones (a profile) after it
+            args.gin_file = [_study_file(args.name), *args.gin_file]
+        if not args.gin_file:
+            raise ValueError("t2t study needs a study: a name from gin/studies/ (e.g. t2t study "
+                             "finetuning_methods) or --gin_file=FILE.")
+        configure(args)
+        overrides = {"print_commands": args.print_commands,
+                     "aggregate_only": args.aggregate_only}
+        if args.study_dir:
+            overrides["study_dir"] = args.study_dir
+        if args.seeds:
+            overrides["seeds"] = args.seeds
+        if args.arms:
+            overrides["only_arms"] = args.arms
+        if args.stage_gin:
+            import gin
+
+            bound = gin.get_bindings("t2t.studies.run").get("bindings", ())
+            overrides["bindings"] = [*bound, *args.stage_gin]
+        paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
+        result = runner.run(search_paths=paths, **overrides)
+        if result is not None:
+            print(f"study written to {result['study_dir']}/study.md (and study.json, "
+                  "study.png)")
+
+    parser.set_defaults(handler=handler)
+
+
+def _study_file(name: str) -> str:
+    from t2t import runs
+
+    for root in runs.default_search_paths():
+        path = os.path.join(root, "studies", f"{name}.gin")
+        if os.path.exists(path):
+            return path
+    root = runs.default_search_paths()[0]
+    known = sorted(f[:-4] for f in os.listdir(os.path.join(root, "studies"))
+                   if f.endswith(".gin")) if os.path.isdir(os.path.join(root, "studies")) else []
+    raise ValueError(f"No study {name!r}; gin/studies/ has {known}.")
+
+
+def add_compile(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compile",
+        help="compile a training run for a TPU slice or CPU devices ahead of time: memory, "
+        "FLOPs, collectives, and what would make it fit",
+        description="Lower and compile the train step (and greedy decoding) that `t2t train` "
+        "would run under the same gin files, with their real shardings, on abstract inputs: "
+        "nothing runs and no data is read. --topology uses libtpu's compiler (pip install -e "
+        "'.[tpu]'; no TPU needed). Reports memory per device against the device's, compiled vs. "
+        "model FLOPs, the collectives and a roofline bound; exits 1 when the step does not fit, "
+        "with settings that would make it fit. Example: t2t compile --gin_file="
+        "gin/experiments/t5_1_1_base_c4.gin --topology=v5e:4x4 --batch_size=2048 "
+        "--sharding_mode=fsdp --remat_policy=full --scan_layers",
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--topology", help="a Cloud TPU slice: GENERATION:CHIPS, e.g. v5e:4x4, "
+                        "v4:4x4x4, v5p:8x8x16, v3:16x32 (v2, v3, v4, v5e, v5p, v6e)")
+    target.add_argument("--cpu_devices", type=int, help="compile for N CPU devices instead")
+    parser.add_argument("--device_memory_gib", type=float,
+                        help="with --cpu_devices: memory per device to check against")
+    parser.add_argument("--batch_size", type=int, help="global batch (default: the run's)")
+    parser.add_argument("--mesh_shape", type=ints, help="DATA,MODEL (default: the run's)")
+    parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
+    parser.add_argument("--num_microbatches", type=int)
+    parser.add_argument("--remat_policy",
+                        choices=("none", "full", "dots", "dots_with_no_batch_dims"))
+    parser.add_argument("--scan_layers", action="store_true", default=None,
+                        help="scan the layers (default: the model config's)")
+    parser.add_argument("--no_decode", dest="decode", action="store_false", default=None,
+                        help="compile the train step only")
+    parser.add_argument("--output_json", help="write the report there as JSON")
+    add_gin_flags(parser)
+
+    def handler(args) -> int:
+        if args.cpu_devices is not None:
+            from t2t.aot import targets
+
+            targets.ensure_cpu_devices(args.cpu_devices)
+        from t2t import runs
+
+        if not args.gin_file:
+            raise ValueError("t2t compile needs the run's --gin_file, e.g. "
+                             "--gin_file=gin/experiments/t5_1_1_base_c4.gin")
+        configure(args, finalize=False)
+        names = ("topology", "cpu_devices", "device_memory_gib", "batch_size", "mesh_shape",
+                 "sharding_mode", "num_microbatches", "remat_policy", "scan_layers", "decode",
+                 "output_json")
+        kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+        report = runs.compile_train(**kwargs)
+        return 1 if report.fits is False else 0
+
+    parser.set_defaults(handler=handler)
+
+
+def add_check(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "check", help="verify every checkpoint of a model directory against its checksums",
+        description="Read every array and data-iterator file of every checkpoint of a model "
+        "directory and compare them with the checksums saved with them. Prints one line per "
+        "checkpoint; exits 1 when any is damaged (damaged checkpoints are skipped by train, "
+        "eval, infer and export, which use the newest intact one).",
+    )
+    parser.add_argument("model_dir", help="the run's model directory")
+
+    def handler(args) -> int:
+        from t2t.checkpoints import model_dir as model_dir_lib
+
+        directory = model_dir_lib.ModelDir(args.model_dir)
+        if not directory.steps():
+            raise ValueError(f"{args.model_dir} holds no checkpoint to check.")
+
+        def report(step: int, status: str, problems: list[str]) -> None:
+            note = {"ok": "", "unverified": " (saved without checksums: read back without "
+                    "error, values not verified)"}.get(status, "")
+            print(f"step {step}: {status}{note}", flush=True)
+            for problem in problems:
+                print(f"    {problem}", flush=True)
+
+        results = directory.check(report)
+        damaged = [step for step, (status, _) in results.items() if status == "damaged"]
+        print(f"{len(results)} checkpoints, {len(damaged)} damaged"
+              + (f" (steps {', '.join(map(str, damaged))})" if damaged else ""))
+        return 1 if damaged else 0
+
+    parser.set_defaults(handler=handler)
