@@ -8,7 +8,7 @@ CONSTRAINTS ?= constraints.txt
 
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo finetune test lint lock clean-venv
+.PHONY: demo finetune test lint format lock clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
@@ -30,11 +30,17 @@ finetune: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
 
-# The linter (pyflakes, pycodestyle, import order) and the layer contracts of
-# docs/architecture.md (pyproject.toml's [tool.importlinter]); part of `make test`.
+# The formatter's check, the linter (pyflakes, pycodestyle, import order) and the layer
+# contracts of docs/architecture.md (pyproject.toml's [tool.importlinter]); part of `make test`.
+# `make format` rewrites the files the check would refuse.
 lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # Re-resolve the dependencies in a scratch environment and rewrite constraints.txt's pins
 # (its header is kept); then run `make clean-venv test` before committing the new pins.

@@ -42,47 +42,102 @@ from c4_pipeline import C4Config, badwords, dedup, langid, output, rules, run, w
 from c4_pipeline.page import Page
 
 SUBJECTS = [
-    "The city council", "Our small team", "The new public library", "Local farmers", "The history museum",
-    "Many visitors", "The school board", "A family bakery", "The river trail group", "Volunteers from the club",
-    "The regional hospital", "Two local artists", "The football club", "Our editors", "The transport authority",
-    "A group of students", "The harbour office", "Most residents", "The weather service", "The county fair",
+    "The city council",
+    "Our small team",
+    "The new public library",
+    "Local farmers",
+    "The history museum",
+    "Many visitors",
+    "The school board",
+    "A family bakery",
+    "The river trail group",
+    "Volunteers from the club",
+    "The regional hospital",
+    "Two local artists",
+    "The football club",
+    "Our editors",
+    "The transport authority",
+    "A group of students",
+    "The harbour office",
+    "Most residents",
+    "The weather service",
+    "The county fair",
 ]
 VERBS = [
-    "opened", "announced", "finished", "reviewed", "supported", "planned", "described", "celebrated",
-    "improved", "discussed", "presented", "questioned", "welcomed", "postponed", "published",
+    "opened",
+    "announced",
+    "finished",
+    "reviewed",
+    "supported",
+    "planned",
+    "described",
+    "celebrated",
+    "improved",
+    "discussed",
+    "presented",
+    "questioned",
+    "welcomed",
+    "postponed",
+    "published",
 ]
 OBJECTS = [
-    "a plan for the summer season", "the results of the annual survey", "new opening hours for the weekend",
-    "a proposal to repair the old bridge", "the budget for the coming year", "a festival of music and food",
-    "the report on water quality", "an exhibition of early photographs", "the schedule for the bus routes",
-    "a program for young readers", "the restoration of the town hall", "a campaign to plant more trees",
-    "the winners of the photo contest", "a study of traffic near the school", "the menu for the charity dinner",
+    "a plan for the summer season",
+    "the results of the annual survey",
+    "new opening hours for the weekend",
+    "a proposal to repair the old bridge",
+    "the budget for the coming year",
+    "a festival of music and food",
+    "the report on water quality",
+    "an exhibition of early photographs",
+    "the schedule for the bus routes",
+    "a program for young readers",
+    "the restoration of the town hall",
+    "a campaign to plant more trees",
+    "the winners of the photo contest",
+    "a study of traffic near the school",
+    "the menu for the charity dinner",
 ]
 TAILS = [
-    "after a long public meeting", "with help from the community", "earlier this month",
-    "for the first time in years", "despite the heavy rain", "in front of a large crowd",
-    "without much debate", "at the request of local families", "before the end of the week",
-    "as part of a wider effort", "following several complaints", "to the surprise of many",
+    "after a long public meeting",
+    "with help from the community",
+    "earlier this month",
+    "for the first time in years",
+    "despite the heavy rain",
+    "in front of a large crowd",
+    "without much debate",
+    "at the request of local families",
+    "before the end of the week",
+    "as part of a wider effort",
+    "following several complaints",
+    "to the surprise of many",
 ]
 FOREIGN = {
-    "fr": ["Le conseil municipal a présenté un nouveau projet pour la saison estivale.",
-           "Les habitants du quartier ont participé à une longue réunion publique hier soir.",
-           "La bibliothèque ouvrira ses portes plus tard pendant les vacances scolaires.",
-           "Plusieurs associations soutiennent la rénovation de la vieille mairie du village."],
-    "de": ["Der Stadtrat hat gestern einen neuen Plan für die Sommersaison vorgestellt.",
-           "Viele Besucher kamen trotz des starken Regens zum Fest auf dem Marktplatz.",
-           "Die Bibliothek verlängert ihre Öffnungszeiten während der Schulferien deutlich.",
-           "Mehrere Vereine unterstützen die Renovierung des alten Rathauses im Dorf."],
-    "es": ["El ayuntamiento presentó ayer un nuevo plan para la temporada de verano.",
-           "Muchos vecinos participaron en una larga reunión pública en el centro cultural.",
-           "La biblioteca ampliará su horario durante las vacaciones escolares de este año.",
-           "Varias asociaciones apoyan la restauración del antiguo edificio del ayuntamiento."],
+    "fr": [
+        "Le conseil municipal a présenté un nouveau projet pour la saison estivale.",
+        "Les habitants du quartier ont participé à une longue réunion publique hier soir.",
+        "La bibliothèque ouvrira ses portes plus tard pendant les vacances scolaires.",
+        "Plusieurs associations soutiennent la rénovation de la vieille mairie du village.",
+    ],
+    "de": [
+        "Der Stadtrat hat gestern einen neuen Plan für die Sommersaison vorgestellt.",
+        "Viele Besucher kamen trotz des starken Regens zum Fest auf dem Marktplatz.",
+        "Die Bibliothek verlängert ihre Öffnungszeiten während der Schulferien deutlich.",
+        "Mehrere Vereine unterstützen die Renovierung des alten Rathauses im Dorf.",
+    ],
+    "es": [
+        "El ayuntamiento presentó ayer un nuevo plan para la temporada de verano.",
+        "Muchos vecinos participaron en una larga reunión pública en el centro cultural.",
+        "La biblioteca ampliará su horario durante las vacaciones escolares de este año.",
+        "Varias asociaciones apoyan la restauración del antiguo edificio del ayuntamiento.",
+    ],
 }
 BOILERPLATE = [
     "Please enable JavaScript in your browser to see this content.",
     "This website uses cookies to improve your experience while you navigate.",
     "By using this site you agree to our Terms of Use and Privacy Policy.",
-    "Read more...", "Share this article", "Posted in News | Tagged local, community",
+    "Read more...",
+    "Share this article",
+    "Posted in News | Tagged local, community",
 ]
 
 
@@ -92,16 +147,23 @@ def _sentence(rng):
 
 def _site_footer(rng, site):
     name = site.split(".")[0].title()
-    return [f"{name} is an independent newspaper run by people who live in the valley.",
-            f"Send your letters and story ideas to the {name} newsroom at any time.",
-            f"Copyright {rng.randint(2009, 2019)} {name} Media Group, all rights reserved today."]
+    return [
+        f"{name} is an independent newspaper run by people who live in the valley.",
+        f"Send your letters and story ideas to the {name} newsroom at any time.",
+        f"Copyright {rng.randint(2009, 2019)} {name} Media Group, all rights reserved today.",
+    ]
 
 
 def _article(rng, site, footer, body=None):
-    body = body or [" ".join(_sentence(rng) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(2, 6))]
+    body = body or [
+        " ".join(_sentence(rng) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(2, 6))
+    ]
     if rng.random() < 0.3:
         body[0] += f"[{rng.randint(1, 9)}]"
-    lines = [f"Home | News | Sport | {site.split('.')[0].title()} | Contact", rng.choice(SUBJECTS) + " " + rng.choice(VERBS)]
+    lines = [
+        f"Home | News | Sport | {site.split('.')[0].title()} | Contact",
+        rng.choice(SUBJECTS) + " " + rng.choice(VERBS),
+    ]
     lines += body + rng.sample(BOILERPLATE, 3) + footer
     return body, "\n".join(lines)
 
@@ -109,7 +171,10 @@ def _article(rng, site, footer, body=None):
 def make_corpus(num_pages: int, seed: int = 0, bad_words=("flibbertigibbet",)):
     """Returns [Page] with the mix described in the module docstring."""
     rng = random.Random(seed)
-    sites = [f"{rng.choice(['valley', 'harbour', 'city', 'county', 'river', 'hill'])}{i}.example.com" for i in range(200)]
+    sites = [
+        f"{rng.choice(['valley', 'harbour', 'city', 'county', 'river', 'hill'])}{i}.example.com"
+        for i in range(200)
+    ]
     footers = {s: _site_footer(rng, s) for s in sites}
     pages, articles = [], []
     for i in range(num_pages):
@@ -121,16 +186,26 @@ def make_corpus(num_pages: int, seed: int = 0, bad_words=("flibbertigibbet",)):
             lang = rng.choice(sorted(FOREIGN))
             text = "\n".join(" ".join(rng.sample(FOREIGN[lang], 2)) for _ in range(3))
         elif kind < 0.08:
-            text = "Here is how we count the visitors on the site today.\nvar total = 0;\n" \
-                   "for (var i = 0; i < n; i++) { total += visits[i]; }\nThe loop adds every visit to the total count."
+            text = (
+                "Here is how we count the visitors on the site today.\nvar total = 0;\n"
+                "for (var i = 0; i < n; i++) { total += visits[i]; }\nThe loop adds every visit to the total count."
+            )
         elif kind < 0.10:
-            text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.\n" + _article(rng, site, [])[1]
+            text = (
+                "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod.\n"
+                + _article(rng, site, [])[1]
+            )
         elif kind < 0.13:
             text = "Home\nAbout us\nContact\nLogin\nSearch"
         elif kind < 0.15:
-            text = _article(rng, site, footers[site])[1] + f"\nOne reader called the mayor a {rng.choice(bad_words)} in the comments."
+            text = (
+                _article(rng, site, footers[site])[1]
+                + f"\nOne reader called the mayor a {rng.choice(bad_words)} in the comments."
+            )
         elif kind < 0.20 and articles:
-            text = _article(rng, site, footers[site], body=list(rng.choice(articles)))[1]  # syndicated copy
+            text = _article(rng, site, footers[site], body=list(rng.choice(articles)))[
+                1
+            ]  # syndicated copy
         else:
             body, text = _article(rng, site, footers[site])
             articles.append(body)
@@ -180,27 +255,48 @@ def time_stages(pages, words, with_tfds):
     words_filter = badwords.BadWordsFilter(words)
     rates = {}
     cleaned, rates["clean"] = _timed(
-        lambda ps: [p._replace(text=c) for p in ps if (c := rules.clean_text(p.text, counters)) is not None], pages
+        lambda ps: [
+            p._replace(text=c) for p in ps if (c := rules.clean_text(p.text, counters)) is not None
+        ],
+        pages,
     )
-    deduplicated, rates["span_dedup"] = _timed(lambda ps: dedup.deduplicate_in_memory(ps, counters), cleaned)
-    english, rates["langid"] = _timed(lambda ps: [p for p in ps if langid.is_english(p.text, counters)], deduplicated)
-    _, rates["badwords"] = _timed(lambda ps: [p for p in ps if words_filter(p.text, counters)], english)
+    deduplicated, rates["span_dedup"] = _timed(
+        lambda ps: dedup.deduplicate_in_memory(ps, counters), cleaned
+    )
+    english, rates["langid"] = _timed(
+        lambda ps: [p for p in ps if langid.is_english(p.text, counters)], deduplicated
+    )
+    _, rates["badwords"] = _timed(
+        lambda ps: [p for p in ps if words_filter(p.text, counters)], english
+    )
     report = {stage: {"ours": rate} for stage, rate in rates.items()}
     if not with_tfds:
         return report
     c4_utils = _tfds_utils()
 
     def as_tfds(ps, language=None):
-        return [c4_utils.PageFeatures(url=p.url, normalized_url=c4_utils.normalize_url(p.url), text=p.text,
-                                      timestamp=p.timestamp, language=language) for p in ps]
+        return [
+            c4_utils.PageFeatures(
+                url=p.url,
+                normalized_url=c4_utils.normalize_url(p.url),
+                text=p.text,
+                timestamp=p.timestamp,
+                language=language,
+            )
+            for p in ps
+        ]
 
     clean_page = c4_utils.get_clean_page_fn()
     bad = c4_utils.get_badwords_filter_fn({"en": list(words)})
-    _, report["clean"]["tfds"] = _timed(lambda ps: [c for p in ps for c in clean_page(p)], as_tfds(pages))
+    _, report["clean"]["tfds"] = _timed(
+        lambda ps: [c for p in ps for c in clean_page(p)], as_tfds(pages)
+    )
     _, report["langid"]["tfds"] = _timed(
         lambda ps: [e for p in ps for e in c4_utils.detect_english(p)], as_tfds(deduplicated)
     )
-    _, report["badwords"]["tfds"] = _timed(lambda ps: [p for p in ps if bad(p)], as_tfds(english, "en"))
+    _, report["badwords"]["tfds"] = _timed(
+        lambda ps: [p for p in ps if bad(p)], as_tfds(english, "en")
+    )
     return report
 
 
@@ -236,7 +332,11 @@ def _tf_example(page):
     def feature(value):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode("utf-8")]))
 
-    features = {"text": feature(page.text), "url": feature(page.url), "timestamp": feature(page.timestamp)}
+    features = {
+        "text": feature(page.text),
+        "url": feature(page.url),
+        "timestamp": feature(page.timestamp),
+    }
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
@@ -262,7 +362,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, default=3000)
     parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3, help="pipeline runs each (median reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="pipeline runs each (median reported)"
+    )
     parser.add_argument("--direct_num_workers", type=int, default=1)
     parser.add_argument("--skip_tfds", action="store_true")
     args = parser.parse_args()
@@ -287,8 +389,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         wet_paths = write_wet(pages, tmp, args.files)
         for repeat in range(args.repeats):  # Alternate the two, so load changes hit both alike.
-            config = C4Config(wet_paths=tuple(wet_paths), output_dir=os.path.join(tmp, f"out{repeat}"),
-                              badwords=tuple(words))
+            config = C4Config(
+                wet_paths=tuple(wet_paths),
+                output_dir=os.path.join(tmp, f"out{repeat}"),
+                badwords=tuple(words),
+            )
             stats, wall, cpu = _measure(lambda: run(config, PipelineOptions(beam_flags)))
             ours.append((wall, cpu))
             report["ours_counters"] = stats["counters"]

@@ -72,8 +72,8 @@ def measure(preset: str, repeats: int, root: str) -> dict:
 
         def once():
             step["n"] += 1
-            manager.save(step["n"], params=params, opt_state=opt_state,
-                         metadata={"config": config})
+            manager.save(step["n"], params=params, opt_state=opt_state, metadata={"config": config})
+
         seconds = _median_seconds(once, repeats)
         manager.wait_until_finished()
         return manager, seconds
@@ -83,13 +83,25 @@ def measure(preset: str, repeats: int, root: str) -> dict:
     async_manager.close()
     abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     abstract_opt = jax.eval_shape(tx.init, params)
-    restore_s = _median_seconds(lambda: jax.block_until_ready(jax.tree.leaves(manager.restore(
-        abstract_params=abstract_params, abstract_opt_state=abstract_opt).params)), repeats)
+    restore_s = _median_seconds(
+        lambda: jax.block_until_ready(
+            jax.tree.leaves(
+                manager.restore(
+                    abstract_params=abstract_params, abstract_opt_state=abstract_opt
+                ).params
+            )
+        ),
+        repeats,
+    )
     manager.close()
     return {
-        "preset": preset, "parameters": int(count), "checkpoint_bytes": int(size),
-        "fingerprint_seconds": fingerprint_s, "save_sync_seconds": save_sync_s,
-        "save_async_blocking_seconds": save_async_s, "restore_seconds": restore_s,
+        "preset": preset,
+        "parameters": int(count),
+        "checkpoint_bytes": int(size),
+        "fingerprint_seconds": fingerprint_s,
+        "save_sync_seconds": save_sync_s,
+        "save_async_blocking_seconds": save_async_s,
+        "restore_seconds": restore_s,
         "share_of_save_sync": fingerprint_s / save_sync_s,
         "share_of_save_async": fingerprint_s / save_async_s,
         "share_of_restore": fingerprint_s / restore_s,
@@ -108,22 +120,28 @@ def main(argv=None) -> int:
         for preset in args.presets.split(","):
             row = measure(preset, args.repeats, root)
             rows.append(row)
-            print(f"{preset}: {row['parameters'] / 1e6:.1f}M parameters, "
-                  f"{row['checkpoint_bytes'] / 2**20:.0f} MiB with optimizer state; "
-                  f"fingerprints {row['fingerprint_seconds'] * 1e3:.0f} ms = "
-                  f"{row['share_of_save_sync']:.1%} of a synchronous save "
-                  f"({row['save_sync_seconds']:.2f} s), "
-                  f"{row['share_of_save_async']:.1%} of an asynchronous save's wait "
-                  f"({row['save_async_blocking_seconds']:.2f} s), "
-                  f"{row['share_of_restore']:.1%} of a restore ({row['restore_seconds']:.2f} s)",
-                  flush=True)
+            print(
+                f"{preset}: {row['parameters'] / 1e6:.1f}M parameters, "
+                f"{row['checkpoint_bytes'] / 2**20:.0f} MiB with optimizer state; "
+                f"fingerprints {row['fingerprint_seconds'] * 1e3:.0f} ms = "
+                f"{row['share_of_save_sync']:.1%} of a synchronous save "
+                f"({row['save_sync_seconds']:.2f} s), "
+                f"{row['share_of_save_async']:.1%} of an asynchronous save's wait "
+                f"({row['save_async_blocking_seconds']:.2f} s), "
+                f"{row['share_of_restore']:.1%} of a restore ({row['restore_seconds']:.2f} s)",
+                flush=True,
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     import jax
 
-    result = {"command": "python benchmarks/checkpoint_checksum_bench.py " + " ".join(
-        sys.argv[1:] if argv is None else argv), "device": str(jax.devices()[0]),
-        "cpu_count": os.cpu_count(), "rows": rows}
+    result = {
+        "command": "python benchmarks/checkpoint_checksum_bench.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "device": str(jax.devices()[0]),
+        "cpu_count": os.cpu_count(),
+        "rows": rows,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -50,9 +50,18 @@ def t5_small_pair(seed: int = 0):
 
     torch.manual_seed(seed)
     config = T5Config(  # T5-small, v1.0 (docs/spec.md section 1).
-        vocab_size=32128, d_model=512, d_ff=2048, d_kv=64, num_heads=8, num_layers=6,
-        feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=0.0,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=32128,
+        d_model=512,
+        d_ff=2048,
+        d_kv=64,
+        num_heads=8,
+        num_layers=6,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
     torch_model = T5ForConditionalGeneration(config).eval()
     tensors = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}

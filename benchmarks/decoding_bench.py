@@ -42,8 +42,13 @@ def hf_runner(torch_model, inputs: np.ndarray, new_tokens: int, beams: int):
     def run():
         with torch.inference_mode():
             out = torch_model.generate(
-                ids, attention_mask=mask, do_sample=False, num_beams=beams, use_cache=True,
-                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                ids,
+                attention_mask=mask,
+                do_sample=False,
+                num_beams=beams,
+                use_cache=True,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
             )
         assert out.shape == (inputs.shape[0], new_tokens + 1), out.shape
 
@@ -53,10 +58,15 @@ def hf_runner(torch_model, inputs: np.ndarray, new_tokens: int, beams: int):
 def t2t_runner(model, params, inputs: np.ndarray, new_tokens: int, beams: int, partitioner=None):
     """(a function that runs t2t decoding once, its compile time in seconds)."""
     method = "greedy" if beams == 1 else "beam"
-    predict = jax.jit(functools.partial(
-        model.predict_batch, method=method, beam_size=beams, max_decode_length=new_tokens,
-        min_length=new_tokens,
-    ))
+    predict = jax.jit(
+        functools.partial(
+            model.predict_batch,
+            method=method,
+            beam_size=beams,
+            max_decode_length=new_tokens,
+            min_length=new_tokens,
+        )
+    )
     batch = {"encoder_input_tokens": jnp.asarray(inputs)}
     start = time.perf_counter()
     if partitioner is None:
@@ -98,8 +108,11 @@ def phases(times: dict, first_token_times: dict, new_tokens: int) -> dict:
     for side in ("hf", "t2t"):
         full = statistics.median(times[side]["wall_s"])
         first = statistics.median(first_token_times[side]["wall_s"])
-        result[side] = {"first_token_s": first, "step_ms": (full - first) / (new_tokens - 1) * 1e3,
-                        "first_token_wall_s": first_token_times[side]["wall_s"]}
+        result[side] = {
+            "first_token_s": first,
+            "step_ms": (full - first) / (new_tokens - 1) * 1e3,
+            "first_token_wall_s": first_token_times[side]["wall_s"],
+        }
     result["first_token_ratio"] = result["hf"]["first_token_s"] / result["t2t"]["first_token_s"]
     result["step_ratio"] = result["hf"]["step_ms"] / result["t2t"]["step_ms"]
     return result
@@ -112,9 +125,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model-parallel", type=int, default=1,
-                        help="split the CPU into this many JAX devices and decode with t2t's "
-                             "tensor-parallel sharding over them (default 1: one device)")
+    parser.add_argument(
+        "--model-parallel",
+        type=int,
+        default=1,
+        help="split the CPU into this many JAX devices and decode with t2t's "
+        "tensor-parallel sharding over them (default 1: one device)",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "decoding.json"))
     args = parser.parse_args()
     if args.new_tokens < 2:
@@ -136,20 +153,34 @@ def main() -> None:
     inputs[:, -1] = 1  # EOS-terminated, no padding.
     output_tokens = args.batch * args.new_tokens
 
-    report = {"args": vars(args), "devices": [str(d) for d in jax.devices()],
-              "jax": jax.__version__, "torch": torch.__version__, "cpu_count": os.cpu_count(),
-              "load_average_before": os.getloadavg(), "methods": {}}
-    print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
-          f"{torch.__version__} ({args.threads} threads), devices {jax.devices()}")
+    report = {
+        "args": vars(args),
+        "devices": [str(d) for d in jax.devices()],
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+        "methods": {},
+    }
+    print(
+        f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
+        f"{torch.__version__} ({args.threads} threads), devices {jax.devices()}"
+    )
     print(f"{args.batch} inputs x {args.input_length} tokens -> {args.new_tokens} tokens each")
-    print(f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'median ratio':>13} "
-          f"{'CPU s HF / t2t':>15} {'t2t compile s':>14}")
+    print(
+        f"{'method':<8} {'HF tok/s':>9} {'t2t tok/s':>10} {'ratio':>6} {'median ratio':>13} "
+        f"{'CPU s HF / t2t':>15} {'t2t compile s':>14}"
+    )
     split = {}
     for name, beams in (("greedy", 1), ("beam-4", 4)):
         t2t_run, compile_s = t2t_runner(model, params, inputs, args.new_tokens, beams, partitioner)
         t2t_first, _ = t2t_runner(model, params, inputs, 1, beams, partitioner)
-        runners = {"hf": hf_runner(torch_model, inputs, args.new_tokens, beams), "t2t": t2t_run,
-                   "hf_first": hf_runner(torch_model, inputs, 1, beams), "t2t_first": t2t_first}
+        runners = {
+            "hf": hf_runner(torch_model, inputs, args.new_tokens, beams),
+            "t2t": t2t_run,
+            "hf_first": hf_runner(torch_model, inputs, 1, beams),
+            "t2t_first": t2t_first,
+        }
         times = interleaved_times(runners, args.repeats)
         full = {side: times[side] for side in ("hf", "t2t")}
         first = {side: times[f"{side}_first"] for side in ("hf", "t2t")}
@@ -158,17 +189,23 @@ def main() -> None:
         result["load_average_after"] = os.getloadavg()
         report["methods"][name] = result
         hf_, t2t_ = result["hf"], result["t2t"]
-        print(f"{name:<8} {hf_['tokens_per_s_best']:>9.1f} {t2t_['tokens_per_s_best']:>10.1f} "
-              f"{result['ratio_best']:>5.2f}x {result['ratio_median']:>12.2f}x "
-              f"{hf_['cpu_s_median']:>7.1f} / {t2t_['cpu_s_median']:<5.1f} {compile_s:>14.1f}",
-              flush=True)
-    print(f"\n{'method':<8} {'first token s HF / t2t':>23} {'ratio':>6} {'step ms HF / t2t':>17} "
-          f"{'ratio':>6}  (medians)")
+        print(
+            f"{name:<8} {hf_['tokens_per_s_best']:>9.1f} {t2t_['tokens_per_s_best']:>10.1f} "
+            f"{result['ratio_best']:>5.2f}x {result['ratio_median']:>12.2f}x "
+            f"{hf_['cpu_s_median']:>7.1f} / {t2t_['cpu_s_median']:<5.1f} {compile_s:>14.1f}",
+            flush=True,
+        )
+    print(
+        f"\n{'method':<8} {'first token s HF / t2t':>23} {'ratio':>6} {'step ms HF / t2t':>17} "
+        f"{'ratio':>6}  (medians)"
+    )
     for name, p in split.items():
         hf_, t2t_ = p["hf"], p["t2t"]
-        print(f"{name:<8} {hf_['first_token_s']:>11.3f} / {t2t_['first_token_s']:<9.3f} "
-              f"{p['first_token_ratio']:>5.2f}x {hf_['step_ms']:>8.1f} / {t2t_['step_ms']:<6.1f} "
-              f"{p['step_ratio']:>5.2f}x")
+        print(
+            f"{name:<8} {hf_['first_token_s']:>11.3f} / {t2t_['first_token_s']:<9.3f} "
+            f"{p['first_token_ratio']:>5.2f}x {hf_['step_ms']:>8.1f} / {t2t_['step_ms']:<6.1f} "
+            f"{p['step_ratio']:>5.2f}x"
+        )
     write_report(report, args.out)
 
 

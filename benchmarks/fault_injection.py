@@ -31,28 +31,45 @@ import time
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 SMALL = [  # the suite's shrunk demo network (tests/test_runs.py), checkpointing often
-    "t2t.nn.get_preset.d_model=64", "t2t.nn.get_preset.d_ff=128",
-    "t2t.nn.get_preset.num_heads=2", "t2t.nn.get_preset.d_kv=32",
-    "t2t.nn.get_preset.num_encoder_layers=1", "t2t.nn.get_preset.num_decoder_layers=1",
-    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "BATCH_SIZE=8",
-    "t2t.runs.train.progress=False", "t2t.runs.train.num_predictions=0",
-    "t2t.runs.train.log_every=1", "t2t.runs.train.eval_every=None",
+    "t2t.nn.get_preset.d_model=64",
+    "t2t.nn.get_preset.d_ff=128",
+    "t2t.nn.get_preset.num_heads=2",
+    "t2t.nn.get_preset.d_kv=32",
+    "t2t.nn.get_preset.num_encoder_layers=1",
+    "t2t.nn.get_preset.num_decoder_layers=1",
+    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
+    "BATCH_SIZE=8",
+    "t2t.runs.train.progress=False",
+    "t2t.runs.train.num_predictions=0",
+    "t2t.runs.train.log_every=1",
+    "t2t.runs.train.eval_every=None",
 ]
 PREEMPTED = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results", "fault_injection.json")
 
 
 def command(model_dir: str, steps: int, checkpoint_every: int) -> list[str]:
-    bindings = [*SMALL, f"MODEL_DIR='{model_dir}'", f"TRAIN_STEPS={steps}",
-                f"t2t.runs.train.checkpoint_every={checkpoint_every}"]
-    return [sys.executable, "-m", "t2t.cli", "train", f"--gin_file={DEMO}",
-            *[f"--gin.{b}" for b in bindings]]
+    bindings = [
+        *SMALL,
+        f"MODEL_DIR='{model_dir}'",
+        f"TRAIN_STEPS={steps}",
+        f"t2t.runs.train.checkpoint_every={checkpoint_every}",
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "t2t.cli",
+        "train",
+        f"--gin_file={DEMO}",
+        *[f"--gin.{b}" for b in bindings],
+    ]
 
 
 def start(model_dir: str, steps: int, checkpoint_every: int, log) -> subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen(command(model_dir, steps, checkpoint_every), stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        command(model_dir, steps, checkpoint_every), stdout=log, stderr=subprocess.STDOUT, env=env
+    )
 
 
 def saved_steps(model_dir: str) -> list[int]:
@@ -68,8 +85,7 @@ def check(model_dir: str) -> dict[int, str]:
 
     if not saved_steps(model_dir):
         return {}
-    return {step: status for step, (status, _) in
-            model_dir_lib.ModelDir(model_dir).check().items()}
+    return {step: status for step, (status, _) in model_dir_lib.ModelDir(model_dir).check().items()}
 
 
 def outcome(model_dir: str) -> tuple[dict[int, float], list]:
@@ -91,17 +107,23 @@ def same(a: tuple, b: tuple) -> dict:
     losses_a, params_a = a
     losses_b, params_b = b
     steps_equal = sorted(losses_a) == sorted(losses_b)
-    loss_gap = max((abs(losses_a[s] - losses_b[s]) for s in losses_a if s in losses_b),
-                   default=float("inf"))
+    loss_gap = max(
+        (abs(losses_a[s] - losses_b[s]) for s in losses_a if s in losses_b), default=float("inf")
+    )
     params_equal = len(params_a) == len(params_b) and all(
-        np.array_equal(x, y) for x, y in zip(params_a, params_b))
-    return {"steps_equal": steps_equal, "max_loss_difference": loss_gap,
-            "params_identical": params_equal,
-            "exact": steps_equal and loss_gap == 0.0 and params_equal}
+        np.array_equal(x, y) for x, y in zip(params_a, params_b)
+    )
+    return {
+        "steps_equal": steps_equal,
+        "max_loss_difference": loss_gap,
+        "params_identical": params_equal,
+        "exact": steps_equal and loss_gap == 0.0 and params_equal,
+    }
 
 
-def run(kills: int, terms: int, steps: int, checkpoint_every: int, seed: int,
-        workdir: str, report=print) -> dict:
+def run(
+    kills: int, terms: int, steps: int, checkpoint_every: int, seed: int, workdir: str, report=print
+) -> dict:
     rng = random.Random(seed)
     os.makedirs(workdir, exist_ok=True)
     log_path = os.path.join(workdir, "runs.log")
@@ -142,26 +164,39 @@ def run(kills: int, terms: int, steps: int, checkpoint_every: int, seed: int,
                 stopped_at = int(said.group(1)) if said else None
                 statuses = check(model_dir)
                 damaged = sorted(s for s, status in statuses.items() if status == "damaged")
-                record = {"episode": episode, "signal": signal.Signals(number).name,
-                          "after_seconds": round(delay, 2), "exit_code": code,
-                          "steps_before": before, "steps_after": after, "damaged": damaged,
-                          "stopped_at": stopped_at,
-                          "expected_exit": code in ((-signal.SIGKILL,) if number ==
-                                                    signal.SIGKILL else (PREEMPTED, 0))}
+                record = {
+                    "episode": episode,
+                    "signal": signal.Signals(number).name,
+                    "after_seconds": round(delay, 2),
+                    "exit_code": code,
+                    "steps_before": before,
+                    "steps_after": after,
+                    "damaged": damaged,
+                    "stopped_at": stopped_at,
+                    "expected_exit": code
+                    in ((-signal.SIGKILL,) if number == signal.SIGKILL else (PREEMPTED, 0)),
+                }
                 stops.append(record)
                 stops_in_episode += 1
-                report(f"stop {len(stops)}: {record['signal']} after {delay:.1f} s, exit "
-                       f"{code}, checkpoints {before} -> {after}, damaged {damaged}")
+                report(
+                    f"stop {len(stops)}: {record['signal']} after {delay:.1f} s, exit "
+                    f"{code}, checkpoints {before} -> {after}, damaged {damaged}"
+                )
                 continue
         else:
             code = process.wait()
         if code != 0:
             raise RuntimeError(f"Episode {episode} exited {code} unstopped; see runs.log.")
-        result = {"episode": episode, "stops": stops_in_episode,
-                  **same(outcome(model_dir), reference)}
+        result = {
+            "episode": episode,
+            "stops": stops_in_episode,
+            **same(outcome(model_dir), reference),
+        }
         episodes.append(result)
-        report(f"episode {episode}: {stops_in_episode} stops, "
-               f"{'identical to the reference' if result['exact'] else 'DIFFERS'}")
+        report(
+            f"episode {episode}: {stops_in_episode} stops, "
+            f"{'identical to the reference' if result['exact'] else 'DIFFERS'}"
+        )
         episode += 1
         stops_in_episode = 0
         model_dir = os.path.join(workdir, f"episode_{episode}") if plan else None
@@ -171,19 +206,28 @@ def run(kills: int, terms: int, steps: int, checkpoint_every: int, seed: int,
     summary = {
         "kills": sum(s["signal"] == "SIGKILL" for s in stops),
         "terms": sum(s["signal"] == "SIGTERM" for s in stops),
-        "stops_followed_by_exact_resume": sum(
-            s["stops"] for s in episodes if s["exact"]),
+        "stops_followed_by_exact_resume": sum(s["stops"] for s in episodes if s["exact"]),
         "damaged_checkpoints": sum(len(s["damaged"]) for s in stops),
         "unexpected_exit_codes": sum(not s["expected_exit"] for s in stops),
         # SIGTERM while training: the step it stopped at has a checkpoint afterwards.
         "sigterm_while_training": sum(s["stopped_at"] is not None for s in stops),
-        "sigterm_saved_its_step": sum(s["stopped_at"] is not None and s["stopped_at"] in
-                                      s["steps_after"] for s in stops),
-        "episodes": len(episodes), "episodes_exact": sum(e["exact"] for e in episodes),
+        "sigterm_saved_its_step": sum(
+            s["stopped_at"] is not None and s["stopped_at"] in s["steps_after"] for s in stops
+        ),
+        "episodes": len(episodes),
+        "episodes_exact": sum(e["exact"] for e in episodes),
     }
-    return {"settings": {"steps": steps, "checkpoint_every": checkpoint_every, "seed": seed,
-                         "reference_seconds": round(duration, 1)},
-            "summary": summary, "stops": stops, "episodes": episodes}
+    return {
+        "settings": {
+            "steps": steps,
+            "checkpoint_every": checkpoint_every,
+            "seed": seed,
+            "reference_seconds": round(duration, 1),
+        },
+        "summary": summary,
+        "stops": stops,
+        "episodes": episodes,
+    }
 
 
 def main(argv=None) -> int:
@@ -198,19 +242,33 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="t2t_faults_")
     started = time.time()
-    results = run(args.kills, args.terms, args.steps, args.checkpoint_every, args.seed, workdir,
-                  report=lambda line: print(f"[{time.time() - started:6.0f} s] {line}",
-                                            flush=True))
+    results = run(
+        args.kills,
+        args.terms,
+        args.steps,
+        args.checkpoint_every,
+        args.seed,
+        workdir,
+        report=lambda line: print(f"[{time.time() - started:6.0f} s] {line}", flush=True),
+    )
     results["command"] = "python benchmarks/fault_injection.py " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+        sys.argv[1:] if argv is None else argv
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results["summary"], indent=1))
     good = results["summary"]
-    return 0 if (good["damaged_checkpoints"] == 0 and good["unexpected_exit_codes"] == 0
-                 and good["episodes_exact"] == good["episodes"]
-                 and good["sigterm_saved_its_step"] == good["sigterm_while_training"]) else 1
+    return (
+        0
+        if (
+            good["damaged_checkpoints"] == 0
+            and good["unexpected_exit_codes"] == 0
+            and good["episodes_exact"] == good["episodes"]
+            and good["sigterm_saved_its_step"] == good["sigterm_while_training"]
+        )
+        else 1
+    )
 
 
 if __name__ == "__main__":

@@ -60,15 +60,21 @@ def _import_t2t():
         import seqio  # noqa: F401
     except ImportError:
         stand_in = types.ModuleType("seqio")
-        for name in ("Vocabulary", "FeatureConverter", "EncDecFeatureConverter",
-                     "DecoderFeatureConverter"):
+        for name in (
+            "Vocabulary",
+            "FeatureConverter",
+            "EncDecFeatureConverter",
+            "DecoderFeatureConverter",
+        ):
             setattr(stand_in, name, type(name, (), {}))
         sys.modules["seqio"] = stand_in
     import t2t.nn.flops  # noqa: F401  (a submodule t2t.nn does not import)
     from t2t import models, nn, optim  # noqa: F401
+
     # The steps module alone: the t2t.trainer package also imports data and checkpoint code.
     spec = importlib.util.spec_from_file_location(
-        "t2t_train_steps", os.path.join(here, "t2t", "trainer", "steps.py"))
+        "t2t_train_steps", os.path.join(here, "t2t", "trainer", "steps.py")
+    )
     steps = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(steps)
     return models, nn, optim, steps
@@ -81,8 +87,7 @@ def run_t2t(batch_size: int, steps_timed: int, warmup: int, remat: str) -> dict:
     from flax import nnx
 
     models, nn, optim, steps = _import_t2t()
-    config = nn.get_preset("t5_1_1_base", dtype="bfloat16", dropout_rate=0.0,
-                           remat_policy=remat)
+    config = nn.get_preset("t5_1_1_base", dtype="bfloat16", dropout_rate=0.0, remat_policy=remat)
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
     module = nn.build(config, nnx.Rngs(params=0))
     params = nnx.split(module)[1]
@@ -91,7 +96,8 @@ def run_t2t(batch_size: int, steps_timed: int, warmup: int, remat: str) -> dict:
     inputs, targets = _batch(batch_size)
     decoder_inputs = np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1)
     batch = {
-        "encoder_input_tokens": inputs, "decoder_target_tokens": targets,
+        "encoder_input_tokens": inputs,
+        "decoder_target_tokens": targets,
         "decoder_input_tokens": decoder_inputs,
         "decoder_loss_weights": np.ones_like(targets, dtype=np.float32),
     }
@@ -111,10 +117,17 @@ def run_t2t(batch_size: int, steps_timed: int, warmup: int, remat: str) -> dict:
             times.append(time.perf_counter() - start)
     flops = nn.flops.training_flops(config, INPUT_LENGTH, TARGET_LENGTH) * batch_size
     device = jax.devices()[0]
-    return {"side": "t2t", "batch": batch_size, "remat": remat, "step_seconds": times,
-            "compile_seconds": compile_seconds, "loss": float(metrics["loss"]),
-            "flops": flops, "device": getattr(device, "device_kind", str(device)),
-            "versions": {"jax": jax.__version__}}
+    return {
+        "side": "t2t",
+        "batch": batch_size,
+        "remat": remat,
+        "step_seconds": times,
+        "compile_seconds": compile_seconds,
+        "loss": float(metrics["loss"]),
+        "flops": flops,
+        "device": getattr(device, "device_kind", str(device)),
+        "versions": {"jax": jax.__version__},
+    }
 
 
 def run_hf(batch_size: int, steps_timed: int, warmup: int) -> dict:
@@ -126,14 +139,33 @@ def run_hf(batch_size: int, steps_timed: int, warmup: int) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    config = T5Config(vocab_size=VOCAB, d_model=768, d_ff=2048, d_kv=64, num_heads=12,
-                      num_layers=12, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
-                      dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config = T5Config(
+        vocab_size=VOCAB,
+        d_model=768,
+        d_ff=2048,
+        d_kv=64,
+        num_heads=12,
+        num_layers=12,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = T5ForConditionalGeneration(config).to(device).train()
-    optimizer = Adafactor(model.parameters(), lr=None, relative_step=True, scale_parameter=True,
-                          warmup_init=False, decay_rate=-0.8, clip_threshold=1.0, beta1=None,
-                          weight_decay=0.0)
+    optimizer = Adafactor(
+        model.parameters(),
+        lr=None,
+        relative_step=True,
+        scale_parameter=True,
+        warmup_init=False,
+        decay_rate=-0.8,
+        clip_threshold=1.0,
+        beta1=None,
+        weight_decay=0.0,
+    )
     inputs, targets = _batch(batch_size)
     inputs = torch.as_tensor(inputs, dtype=torch.long, device=device)
     labels = torch.as_tensor(targets, dtype=torch.long, device=device)
@@ -155,9 +187,14 @@ def run_hf(batch_size: int, steps_timed: int, warmup: int) -> dict:
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    return {"side": "hf", "batch": batch_size, "step_seconds": times, "loss": float(loss.detach()),
-            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    return {
+        "side": "hf",
+        "batch": batch_size,
+        "step_seconds": times,
+        "loss": float(loss.detach()),
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
 
 
 def _flops_per_example() -> int:
@@ -186,28 +223,44 @@ def main(argv=None) -> int:
     results = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for side in args.sides.split(","):
-            command = [sys.executable, os.path.abspath(__file__), f"--child={side}:{batch}",
-                       f"--steps={args.steps}", f"--warmup={args.warmup}",
-                       f"--remat={args.remat}"]
+            command = [
+                sys.executable,
+                os.path.abspath(__file__),
+                f"--child={side}:{batch}",
+                f"--steps={args.steps}",
+                f"--warmup={args.warmup}",
+                f"--remat={args.remat}",
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
             lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
             if done.returncode or not lines:
                 print(f"{side} batch {batch} failed:\n{done.stderr[-3000:]}", flush=True)
                 results.append({"side": side, "batch": batch, "error": done.stderr[-3000:]})
                 continue
-            result = json.loads(lines[-1][len(RESULT):])
+            result = json.loads(lines[-1][len(RESULT) :])
             median = statistics.median(result["step_seconds"])
             flops = _flops_per_example() * batch
             peak = _peak(result["device"])
-            result.update(median_seconds=median, flops=flops,
-                          tokens_per_second=batch * (INPUT_LENGTH + TARGET_LENGTH) / median,
-                          mfu=flops / median / peak if peak else None, peak_flops=peak)
+            result.update(
+                median_seconds=median,
+                flops=flops,
+                tokens_per_second=batch * (INPUT_LENGTH + TARGET_LENGTH) / median,
+                mfu=flops / median / peak if peak else None,
+                peak_flops=peak,
+            )
             results.append(result)
-            print(f"{side:4s} batch {batch:4d} on {result['device']}: {median * 1e3:8.1f} ms/step, "
-                  f"{result['tokens_per_second']:9.0f} tokens/s, MFU "
-                  + (f"{result['mfu']:.1%}" if result["mfu"] else "?")
-                  + (f" (compile {result['compile_seconds']:.0f} s)" if "compile_seconds" in result
-                     else "") + f", loss {result['loss']:.3f}", flush=True)
+            print(
+                f"{side:4s} batch {batch:4d} on {result['device']}: {median * 1e3:8.1f} ms/step, "
+                f"{result['tokens_per_second']:9.0f} tokens/s, MFU "
+                + (f"{result['mfu']:.1%}" if result["mfu"] else "?")
+                + (
+                    f" (compile {result['compile_seconds']:.0f} s)"
+                    if "compile_seconds" in result
+                    else ""
+                )
+                + f", loss {result['loss']:.3f}",
+                flush=True,
+            )
     by = {(r["side"], r["batch"]): r for r in results if "median_seconds" in r}
     for batch in [int(b) for b in args.batches.split(",")]:
         if ("t2t", batch) in by and ("hf", batch) in by:

@@ -43,8 +43,15 @@ PRODUCTS = {
     "logits (tied) 512x32128": (512, 32128),
 }
 # (method, batch): rows per step = batch, or batch x 4 beams.
-DECODES = [("greedy", 1), ("greedy", 4), ("greedy", 16), ("greedy", 32),
-           ("beam", 4), ("beam", 8), ("beam", 16)]
+DECODES = [
+    ("greedy", 1),
+    ("greedy", 4),
+    ("greedy", 16),
+    ("greedy", 32),
+    ("beam", 4),
+    ("beam", 8),
+    ("beam", 16),
+]
 MIN_WEIGHT_BYTES = 64 * 2**20
 
 
@@ -82,20 +89,34 @@ def bench_products(rows: list[int], repeats: int) -> list[dict]:
         first, usual = [jnp.asarray(w) for w in first], [jnp.asarray(w) for w in usual]
         for m in rows:
             x = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32))
-            fns = {"usual": product_chain(False, logits), "kernel first": product_chain(True, logits)}
+            fns = {
+                "usual": product_chain(False, logits),
+                "kernel first": product_chain(True, logits),
+            }
             args = {"usual": usual, "kernel first": first}
             out = {f: fns[f](x, args[f]) for f in fns}
             np.testing.assert_allclose(out["usual"], out["kernel first"], rtol=1e-4, atol=1e-4)
             times = wall_times(
-                {f: functools.partial(lambda f: fns[f](x, args[f]).block_until_ready(), f)
-                 for f in fns}, repeats)
+                {
+                    f: functools.partial(lambda f: fns[f](x, args[f]).block_until_ready(), f)
+                    for f in fns
+                },
+                repeats,
+            )
             ms = {f: statistics.median(t) / (5 * count) * 1e3 for f, t in times.items()}
-            row = {"product": name, "rows": m, "usual_ms": ms["usual"],
-                   "kernel_first_ms": ms["kernel first"],
-                   "speedup": ms["usual"] / ms["kernel first"]}
+            row = {
+                "product": name,
+                "rows": m,
+                "usual_ms": ms["usual"],
+                "kernel_first_ms": ms["kernel first"],
+                "speedup": ms["usual"] / ms["kernel first"],
+            }
             results.append(row)
-            print(f"{name:26s} M={m:3d}  usual {ms['usual']:7.3f} ms  kernel first "
-                  f"{ms['kernel first']:7.3f} ms  {row['speedup']:.2f}x", flush=True)
+            print(
+                f"{name:26s} M={m:3d}  usual {ms['usual']:7.3f} ms  kernel first "
+                f"{ms['kernel first']:7.3f} ms  {row['speedup']:.2f}x",
+                flush=True,
+            )
     return results
 
 
@@ -107,28 +128,49 @@ def bench_decodes(repeats: int, new_tokens: int = 64, input_length: int = 128) -
         inputs = rng.integers(2, 32000, size=(batch_size, input_length)).astype(np.int32)
         batch = {"encoder_input_tokens": jnp.asarray(inputs)}
         compiled = {
-            flag: jax.jit(functools.partial(
-                model.predict_batch, method=method, beam_size=4, max_decode_length=new_tokens,
-                min_length=new_tokens, kernel_first_steps=flag)).lower(params, batch).compile()
+            flag: jax.jit(
+                functools.partial(
+                    model.predict_batch,
+                    method=method,
+                    beam_size=4,
+                    max_decode_length=new_tokens,
+                    min_length=new_tokens,
+                    kernel_first_steps=flag,
+                )
+            )
+            .lower(params, batch)
+            .compile()
             for flag in (False, True)
         }
         tokens = {flag: np.asarray(c(params, batch)) for flag, c in compiled.items()}
         assert np.array_equal(tokens[False], tokens[True]), "kernel first changed the tokens"
         times = wall_times(
-            {flag: functools.partial(lambda c: c(params, batch).block_until_ready(), c)
-             for flag, c in compiled.items()}, repeats)
+            {
+                flag: functools.partial(lambda c: c(params, batch).block_until_ready(), c)
+                for flag, c in compiled.items()
+            },
+            repeats,
+        )
         ratios = [a / b for a, b in zip(times[False], times[True])]
         rows = batch_size * (4 if method == "beam" else 1)
-        row = {"method": method, "batch": batch_size, "rows": rows,
-               "usual_s": statistics.median(times[False]),
-               "kernel_first_s": statistics.median(times[True]),
-               "paired_ratio_median": statistics.median(ratios),
-               "default_on": DecodingConfig().uses_kernel_first_steps(rows),
-               "usual_wall_s": times[False], "kernel_first_wall_s": times[True]}
+        row = {
+            "method": method,
+            "batch": batch_size,
+            "rows": rows,
+            "usual_s": statistics.median(times[False]),
+            "kernel_first_s": statistics.median(times[True]),
+            "paired_ratio_median": statistics.median(ratios),
+            "default_on": DecodingConfig().uses_kernel_first_steps(rows),
+            "usual_wall_s": times[False],
+            "kernel_first_wall_s": times[True],
+        }
         results.append(row)
-        print(f"{method:6s} batch {batch_size:2d} ({rows:2d} rows)  usual {row['usual_s']:.3f} s  "
-              f"kernel first {row['kernel_first_s']:.3f} s  paired {row['paired_ratio_median']:.2f}x"
-              f"  (default {'on' if row['default_on'] else 'off'})", flush=True)
+        print(
+            f"{method:6s} batch {batch_size:2d} ({rows:2d} rows)  usual {row['usual_s']:.3f} s  "
+            f"kernel first {row['kernel_first_s']:.3f} s  paired {row['paired_ratio_median']:.2f}x"
+            f"  (default {'on' if row['default_on'] else 'off'})",
+            flush=True,
+        )
     return results
 
 
@@ -139,13 +181,20 @@ def main() -> None:
     parser.add_argument("--no-decodes", action="store_true", help="only the products alone")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "kernel_first.json"))
     args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, "
-          f"devices {jax.devices()}", flush=True)
-    report = {"load_average_before": os.getloadavg(), "jax": jax.__version__,
-              "products": bench_products(args.rows, args.repeats)}
+    print(
+        f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, "
+        f"devices {jax.devices()}",
+        flush=True,
+    )
+    report = {
+        "load_average_before": os.getloadavg(),
+        "jax": jax.__version__,
+        "products": bench_products(args.rows, args.repeats),
+    }
     if not args.no_decodes:
         report["decodes"] = bench_decodes(args.repeats)
     write_report(report, args.out)
+
 
 if __name__ == "__main__":
     main()

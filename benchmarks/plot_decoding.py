@@ -81,11 +81,19 @@ def plot(runs: list[tuple[str, str, dict]], out: pathlib.Path) -> None:
         best = [r["methods"][method]["ratio_best"] for _, _, r in runs]
         median = [r["methods"][method]["ratio_median"] for _, _, r in runs]
         top.scatter([x + dx for x in xs], best, color=color, label=f"{method}, best run")
-        top.scatter([x + dx for x in xs], median, facecolors="none", edgecolors=color,
-                    label=f"{method}, median run")
+        top.scatter(
+            [x + dx for x in xs],
+            median,
+            facecolors="none",
+            edgecolors=color,
+            label=f"{method}, median run",
+        )
         for part, marker in (("step_ratio", "o"), ("first_token_ratio", "^")):
-            points = [(x + dx, r["methods"][method]["phases"][part])
-                      for x, (_, _, r) in zip(xs, runs) if "phases" in r["methods"][method]]
+            points = [
+                (x + dx, r["methods"][method]["phases"][part])
+                for x, (_, _, r) in zip(xs, runs)
+                if "phases" in r["methods"][method]
+            ]
             if points:
                 what = "each further step" if part == "step_ratio" else "first token"
                 bottom.scatter(*zip(*points), color=color, marker=marker, label=f"{method}, {what}")
@@ -94,7 +102,9 @@ def plot(runs: list[tuple[str, str, dict]], out: pathlib.Path) -> None:
         axis.axhline(1.0, color="black", linewidth=0.5)
         axis.grid(axis="y", alpha=0.3)
         for x in range(1, len(runs)):  # a line where the machine (or the mode) changes
-            if runs[x][1] != runs[x - 1][1] or runs[x][0].startswith("mp") != runs[x - 1][0].startswith("mp"):
+            if runs[x][1] != runs[x - 1][1] or runs[x][0].startswith("mp") != runs[x - 1][
+                0
+            ].startswith("mp"):
                 axis.axvline(x - 0.5, color="gray", linewidth=0.5)
     for axis in (top, bottom):  # room below the points for the legend
         low, high = axis.get_ylim()
@@ -106,10 +116,19 @@ def plot(runs: list[tuple[str, str, dict]], out: pathlib.Path) -> None:
         last = max(labels.index(label) for label in KERNEL_FIRST_RUNS if label in labels)
         for axis in (top, bottom):
             axis.axvspan(first - 0.5, last + 0.5, color="tab:green", alpha=0.08, linewidth=0)
-        top.text((first + last) / 2, top.get_ylim()[1], "kernel-first steps", ha="center",
-                 va="top", color="tab:green", fontsize=8)
+        top.text(
+            (first + last) / 2,
+            top.get_ylim()[1],
+            "kernel-first steps",
+            ha="center",
+            va="top",
+            color="tab:green",
+            fontsize=8,
+        )
     top.set_ylabel("t2t / HF output tokens/s")
-    top.set_title("T5-small decoding, 16 x 128 tokens -> 64, vs. HF transformers generate (2 CPU cores)")
+    top.set_title(
+        "T5-small decoding, 16 x 128 tokens -> 64, vs. HF transformers generate (2 CPU cores)"
+    )
     top.legend(fontsize=8, ncol=2, loc="lower left")
     bottom.set_ylabel("t2t speed-up (HF time / t2t time)")
     bottom.legend(fontsize=8, ncol=2, loc="lower left")

@@ -27,24 +27,54 @@ import sys
 import time
 
 LENGTHS = {"inputs": 512, "targets": 114}
-PRESETS = ("t5_small", "t5_base", "t5_large", "t5_3b", "t5_11b", "t5_1_1_small",
-           "t5_1_1_base", "t5_1_1_large", "t5_1_1_xl", "t5_1_1_xxl")
+PRESETS = (
+    "t5_small",
+    "t5_base",
+    "t5_large",
+    "t5_3b",
+    "t5_11b",
+    "t5_1_1_small",
+    "t5_1_1_base",
+    "t5_1_1_large",
+    "t5_1_1_xl",
+    "t5_1_1_xxl",
+)
 BATCHES = (128, 2048)
 # Slices of each generation, smallest first (chips: 1 or 4 ... 256; v4 and v5p slices start at
 # one host of 4 chips, v5e at one chip).
 SLICES = {
-    "v5e": ("v5e:1x1", "v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"),
+    "v5e": (
+        "v5e:1x1",
+        "v5e:2x2",
+        "v5e:2x4",
+        "v5e:4x4",
+        "v5e:4x8",
+        "v5e:8x8",
+        "v5e:8x16",
+        "v5e:16x16",
+    ),
     "v4": ("v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:2x4x4", "v4:4x4x4", "v4:4x4x8", "v4:4x8x8"),
-    "v5p": ("v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8",
-            "v5p:4x8x8"),
+    "v5p": (
+        "v5p:2x2x1",
+        "v5p:2x2x2",
+        "v5p:2x2x4",
+        "v5p:2x4x4",
+        "v5p:4x4x4",
+        "v5p:4x4x8",
+        "v5p:4x8x8",
+    ),
 }
 FRUGAL = {"sharding_mode": "fsdp", "remat_policy": "full", "num_microbatches": 1}
 # Cheaper settings, fewest FLOPs first, and how much more than full rematerialization they keep
 # for the backward pass (activations, gradients, temporaries: memory beyond parameters and
 # optimizer state), measured on T5.1.1-base at batch 128 on v5e:4x4 (the --extras compiles).
-CHEAPER = (({"sharding_mode": "fsdp", "remat_policy": "none", "num_microbatches": 1}, 8.6),
-           ({"sharding_mode": "fsdp", "remat_policy": "dots_with_no_batch_dims",
-             "num_microbatches": 1}, 2.3))
+CHEAPER = (
+    ({"sharding_mode": "fsdp", "remat_policy": "none", "num_microbatches": 1}, 8.6),
+    (
+        {"sharding_mode": "fsdp", "remat_policy": "dots_with_no_batch_dims", "num_microbatches": 1},
+        2.3,
+    ),
+)
 MICROBATCHES = (1, 2, 4)  # tried in this order on a slice before a larger slice
 USABLE = 0.9  # a plan must leave 10% of HBM free
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results", "scale_table.json")
@@ -80,21 +110,36 @@ class Results:
 
     @staticmethod
     def key(preset, batch, topology, settings, scan=True) -> str:
-        return (f"{preset}|{batch}|{topology}|{settings['sharding_mode']}|"
-                f"{settings['remat_policy']}|{settings['num_microbatches']}|scan={scan}")
+        return (
+            f"{preset}|{batch}|{topology}|{settings['sharding_mode']}|"
+            f"{settings['remat_policy']}|{settings['num_microbatches']}|scan={scan}"
+        )
 
     def save(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"lengths": LENGTHS, "compiles": sorted(self.records.values(),
-                                                              key=lambda r: r["key"])},
-                      f, indent=1)
+            json.dump(
+                {
+                    "lengths": LENGTHS,
+                    "compiles": sorted(self.records.values(), key=lambda r: r["key"]),
+                },
+                f,
+                indent=1,
+            )
         os.replace(tmp, self.path)
 
 
-def compile_one(results: Results, preset: str, batch: int, topology: str, settings: dict,
-                scan: bool = True, decode: bool = False, model_axis: int | None = None) -> dict:
+def compile_one(
+    results: Results,
+    preset: str,
+    batch: int,
+    topology: str,
+    settings: dict,
+    scan: bool = True,
+    decode: bool = False,
+    model_axis: int | None = None,
+) -> dict:
     """The record of one compile (from the file if it was done before)."""
     key = Results.key(preset, batch, topology, settings, scan)
     if model_axis is not None:
@@ -104,50 +149,88 @@ def compile_one(results: Results, preset: str, batch: int, topology: str, settin
     from t2t import aot, nn
 
     target = aot.tpu_target(topology)
-    config = nn.get_preset(preset, dtype="bfloat16", dropout_rate=0.0, scan_layers=scan,
-                           remat_policy=settings["remat_policy"])
+    config = nn.get_preset(
+        preset,
+        dtype="bfloat16",
+        dropout_rate=0.0,
+        scan_layers=scan,
+        remat_policy=settings["remat_policy"],
+    )
     mesh = mesh_for(target.num_devices, batch, settings["num_microbatches"])
     if model_axis is not None:
         mesh = (target.num_devices // model_axis, model_axis)
-    shape = aot.RunShape(config, batch, LENGTHS, mesh_shape=mesh,
-                         sharding_mode=settings["sharding_mode"],
-                         num_microbatches=settings["num_microbatches"])
-    print(f"[{time.strftime('%H:%M:%S')}] {preset} batch {batch} on {topology} "
-          f"({target.num_devices} devices, mesh {mesh}) {settings} scan={scan}", flush=True)
+    shape = aot.RunShape(
+        config,
+        batch,
+        LENGTHS,
+        mesh_shape=mesh,
+        sharding_mode=settings["sharding_mode"],
+        num_microbatches=settings["num_microbatches"],
+    )
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {preset} batch {batch} on {topology} "
+        f"({target.num_devices} devices, mesh {mesh}) {settings} scan={scan}",
+        flush=True,
+    )
     start = time.perf_counter()
     try:
         report = aot.compile_run(shape, target, decode=decode, progress=False)
     except Exception as error:  # noqa: BLE001 (recorded: a setting the compiler refuses)
         print(f"    -> failed: {str(error).splitlines()[0][:300]}", flush=True)
         results.records[key] = {
-            "key": key, "preset": preset, "batch": batch, "topology": topology,
-            "devices": target.num_devices, "chips": target.num_chips, "mesh": list(mesh),
-            "scan_layers": scan, **settings, "fits": False, "memory_fraction": None,
-            "memory_bytes": None, "compile_seconds": time.perf_counter() - start,
-            "error": str(error)[:2000]}
+            "key": key,
+            "preset": preset,
+            "batch": batch,
+            "topology": topology,
+            "devices": target.num_devices,
+            "chips": target.num_chips,
+            "mesh": list(mesh),
+            "scan_layers": scan,
+            **settings,
+            "fits": False,
+            "memory_fraction": None,
+            "memory_bytes": None,
+            "compile_seconds": time.perf_counter() - start,
+            "error": str(error)[:2000],
+        }
         results.save()
         return results.records[key]
     train = report.train_step
     record = {
-        "key": key, "preset": preset, "batch": batch, "topology": topology,
-        "devices": target.num_devices, "chips": target.num_chips, "mesh": list(mesh),
-        "scan_layers": scan, **settings, "fits": train.get("fits"),
+        "key": key,
+        "preset": preset,
+        "batch": batch,
+        "topology": topology,
+        "devices": target.num_devices,
+        "chips": target.num_chips,
+        "mesh": list(mesh),
+        "scan_layers": scan,
+        **settings,
+        "fits": train.get("fits"),
         "memory_fraction": train.get("memory_fraction"),
         "memory_bytes": (train.get("memory") or {}).get("total"),
-        "memory": train.get("memory"), "state_bytes": train.get("state_bytes"),
-        "compile_seconds": train.get("compile_seconds"), "lower_seconds": train.get(
-            "lower_seconds"), "wall_seconds": time.perf_counter() - start,
-        "flops_ratio": train.get("flops_ratio"), "roofline": train.get("roofline"),
-        "collectives": train.get("collectives"), "error": train.get("error"),
+        "memory": train.get("memory"),
+        "state_bytes": train.get("state_bytes"),
+        "compile_seconds": train.get("compile_seconds"),
+        "lower_seconds": train.get("lower_seconds"),
+        "wall_seconds": time.perf_counter() - start,
+        "flops_ratio": train.get("flops_ratio"),
+        "roofline": train.get("roofline"),
+        "collectives": train.get("collectives"),
+        "error": train.get("error"),
         "parameters": report.run["model"]["parameters"],
     }
     if report.decode is not None:
-        record["decode"] = {k: report.decode.get(k) for k in
-                            ("fits", "memory_fraction", "compile_seconds")}
+        record["decode"] = {
+            k: report.decode.get(k) for k in ("fits", "memory_fraction", "compile_seconds")
+        }
     fraction = record["memory_fraction"]
-    print(f"    -> {'fits' if usable(record) else 'no'} "
-          f"({'?' if fraction is None else f'{fraction:.0%}'} of HBM, compiled in "
-          f"{record['compile_seconds']:.0f} s)", flush=True)
+    print(
+        f"    -> {'fits' if usable(record) else 'no'} "
+        f"({'?' if fraction is None else f'{fraction:.0%}'} of HBM, compiled in "
+        f"{record['compile_seconds']:.0f} s)",
+        flush=True,
+    )
     results.records[key] = record
     results.save()
     return record
@@ -200,8 +283,9 @@ def _frugal_fit(results: Results, preset: str, batch: int, topology: str) -> dic
     for micro in MICROBATCHES:
         if batch % micro:
             break
-        record = compile_one(results, preset, batch, topology,
-                             {**FRUGAL, "num_microbatches": micro})
+        record = compile_one(
+            results, preset, batch, topology, {**FRUGAL, "num_microbatches": micro}
+        )
         if usable(record):
             break
     return record
@@ -214,8 +298,11 @@ def _guess(results: Results, preset: str, batch: int, generation: str) -> int:
     capacity = targets.CHIPS[generation].memory_bytes * USABLE
     estimates = []
     for record in results.records.values():
-        if (record["preset"], record["batch"]) == (preset, batch) and record["memory_bytes"] \
-                and record["remat_policy"] == "full":
+        if (
+            (record["preset"], record["batch"]) == (preset, batch)
+            and record["memory_bytes"]
+            and record["remat_policy"] == "full"
+        ):
             estimates.append(record["memory_bytes"] * record["devices"])  # ~ bytes x devices
     if not estimates:
         return next(i for i, t in enumerate(SLICES[generation]) if chips_of(t) == 16)
@@ -232,18 +319,32 @@ def extras(results: Results) -> None:
     frugal = dict(FRUGAL)
     for policy in ("none", "dots_with_no_batch_dims", "dots", "full"):
         compile_one(results, "t5_1_1_base", 128, "v5e:4x4", {**frugal, "remat_policy": policy})
-    for preset, batch, policy in (("t5_1_1_base", 128, "none"), ("t5_1_1_base", 2048, "full"),
-                                  ("t5_1_1_large", 128, "full")):
+    for preset, batch, policy in (
+        ("t5_1_1_base", 128, "none"),
+        ("t5_1_1_base", 2048, "full"),
+        ("t5_1_1_large", 128, "full"),
+    ):
         for mode in ("data_parallel", "fsdp"):
-            compile_one(results, preset, batch, "v5e:4x4",
-                        {**frugal, "sharding_mode": mode, "remat_policy": policy})
+            compile_one(
+                results,
+                preset,
+                batch,
+                "v5e:4x4",
+                {**frugal, "sharding_mode": mode, "remat_policy": policy},
+            )
     compile_one(results, "t5_1_1_base", 2048, "v5e:4x4", frugal, decode=True)
     compile_one(results, "t5_1_1_base", 2048, "v5e:4x4", {**frugal, "num_microbatches": 2})
     # Collectives of tensor parallelism and FSDP for T5.1.1-large on 16 v4 chips, unrolled.
     for mode, model_axis in (("tensor_parallel", 4), ("fsdp", 4), ("fsdp", 1)):
-        compile_one(results, "t5_1_1_large", 128, "v4:2x2x4",
-                    {**frugal, "sharding_mode": mode, "remat_policy": "none"}, scan=False,
-                    model_axis=model_axis)
+        compile_one(
+            results,
+            "t5_1_1_large",
+            128,
+            "v4:2x2x4",
+            {**frugal, "sharding_mode": mode, "remat_policy": "none"},
+            scan=False,
+            model_axis=model_axis,
+        )
     for scan in (True, False):  # compile time: scanned vs unrolled
         compile_one(results, "t5_1_1_xl", 128, "v5p:2x2x2", frugal, scan=scan)
     # The paper's own slice: 11B at batch 2048 on a v3-1024 (512 chips, 1024 cores).
@@ -253,8 +354,10 @@ def extras(results: Results) -> None:
 def markdown(results: Results, presets, batches, generations) -> str:
     lines = []
     for batch in batches:
-        lines.append(f"\n**Batch {batch} x 512/114** (smallest slice with 10% of HBM free; "
-                     "settings; HBM used; roofline bound on MFU; compile time)\n")
+        lines.append(
+            f"\n**Batch {batch} x 512/114** (smallest slice with 10% of HBM free; "
+            "settings; HBM used; roofline bound on MFU; compile time)\n"
+        )
         lines.append("| preset | " + " | ".join(generations) + " |")
         lines.append("|---|" + "---|" * len(generations))
         for preset in presets:
@@ -274,10 +377,14 @@ def markdown(results: Results, presets, batches, generations) -> str:
                         f"{mesh[0]}x{mesh[1]}, remat {chosen['remat_policy']}"
                         + (f", {micro} microbatches" if micro > 1 else "")
                         + f", {chosen['memory_fraction']:.0%}"
-                        + (f", MFU <= {chosen['roofline']['mfu']:.0%}" if chosen.get("roofline")
-                           else "")
+                        + (
+                            f", MFU <= {chosen['roofline']['mfu']:.0%}"
+                            if chosen.get("roofline")
+                            else ""
+                        )
                         + f", {chosen['compile_seconds']:.0f} s"
-                        + ("" if shown else " (smaller slices not tried)"))
+                        + ("" if shown else " (smaller slices not tried)")
+                    )
             lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -286,9 +393,13 @@ def _chosen(results: Results, preset: str, batch: int, generation: str):
     """The cell's compile: None when nothing was searched, "none" when no slice fits, else
     (record, smallest) where `smallest` says the next smaller slice was shown not to fit (or
     there is none), so the record is the search's answer and not only a slice that fits."""
-    records = [r for r in results.records.values()
-               if (r["preset"], r["batch"]) == (preset, batch) and r["scan_layers"]
-               and r["topology"] in SLICES[generation]]
+    records = [
+        r
+        for r in results.records.values()
+        if (r["preset"], r["batch"]) == (preset, batch)
+        and r["scan_layers"]
+        and r["topology"] in SLICES[generation]
+    ]
     fitting = [r for r in records if usable(r)]
     if not records:
         return None
@@ -299,8 +410,13 @@ def _chosen(results: Results, preset: str, batch: int, generation: str):
     at_smallest = [r for r in fitting if r["chips"] == smallest]
     chosen = min(at_smallest, key=lambda r: (r["num_microbatches"], order[r["remat_policy"]]))
     index = SLICES[generation].index(chosen["topology"])
-    below = [r for r in records if index and r["topology"] == SLICES[generation][index - 1]
-             and (r["sharding_mode"], r["remat_policy"]) == ("fsdp", "full")]
+    below = [
+        r
+        for r in records
+        if index
+        and r["topology"] == SLICES[generation][index - 1]
+        and (r["sharding_mode"], r["remat_policy"]) == ("fsdp", "full")
+    ]
     shown = index == 0 or {r["num_microbatches"] for r in below} >= set(MICROBATCHES)
     return chosen, shown
 

@@ -70,18 +70,28 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" /
-                                             "small_m_matmul.json"))
+    parser.add_argument(
+        "--out", default=str(REPO / "benchmarks" / "results" / "small_m_matmul.json")
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    report = {"args": vars(args), "jax": jax.__version__, "torch": torch.__version__,
-              "cpu_count": os.cpu_count(), "load_average_before": os.getloadavg(),
-              "products": []}
-    print(f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
-          f"{torch.__version__} ({args.threads} threads)")
-    print(f"{'product':<24} {'M':>3} {'XLA ms':>7} {'torch ms':>8} {'torch/XLA':>9} "
-          f"{'XLA GFLOP/s':>11} {'XLA GB/s':>8} {'torch GFLOP/s':>13}")
+    report = {
+        "args": vars(args),
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+        "products": [],
+    }
+    print(
+        f"load average before: {os.getloadavg()[0]:.2f}; jax {jax.__version__}, torch "
+        f"{torch.__version__} ({args.threads} threads)"
+    )
+    print(
+        f"{'product':<24} {'M':>3} {'XLA ms':>7} {'torch ms':>8} {'torch/XLA':>9} "
+        f"{'XLA GFLOP/s':>11} {'XLA GB/s':>8} {'torch GFLOP/s':>13}"
+    )
     for name, (shape, transposed) in PRODUCTS.items():
         count = chain_length(shape)
         weights = [rng.standard_normal(shape, np.float32) * 0.02 for _ in range(count)]
@@ -104,14 +114,25 @@ def main() -> None:
             xla_s = statistics.median(times["xla"]) / count
             torch_s = statistics.median(times["torch"]) / count
             flops, weight_bytes = 2 * rows * k * n, 4 * k * n
-            row = {"product": name, "rows": rows, "chained": count, "xla_ms": xla_s * 1e3,
-                   "torch_ms": torch_s * 1e3, "torch_over_xla": torch_s / xla_s,
-                   "xla_gflops": flops / xla_s / 1e9, "xla_weight_gbs": weight_bytes / xla_s / 1e9,
-                   "torch_gflops": flops / torch_s / 1e9, "times_s": times}
+            row = {
+                "product": name,
+                "rows": rows,
+                "chained": count,
+                "xla_ms": xla_s * 1e3,
+                "torch_ms": torch_s * 1e3,
+                "torch_over_xla": torch_s / xla_s,
+                "xla_gflops": flops / xla_s / 1e9,
+                "xla_weight_gbs": weight_bytes / xla_s / 1e9,
+                "torch_gflops": flops / torch_s / 1e9,
+                "times_s": times,
+            }
             report["products"].append(row)
-            print(f"{name:<24} {rows:>3} {row['xla_ms']:>7.3f} {row['torch_ms']:>8.3f} "
-                  f"{row['torch_over_xla']:>8.2f}x {row['xla_gflops']:>11.0f} "
-                  f"{row['xla_weight_gbs']:>8.1f} {row['torch_gflops']:>13.0f}", flush=True)
+            print(
+                f"{name:<24} {rows:>3} {row['xla_ms']:>7.3f} {row['torch_ms']:>8.3f} "
+                f"{row['torch_over_xla']:>8.2f}x {row['xla_gflops']:>11.0f} "
+                f"{row['xla_weight_gbs']:>8.1f} {row['torch_gflops']:>13.0f}",
+                flush=True,
+            )
     report["load_average_after"] = os.getloadavg()
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

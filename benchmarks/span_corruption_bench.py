@@ -80,8 +80,16 @@ def train_vocabulary(corpus: pathlib.Path, prefix: pathlib.Path, vocab_size: int
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size, model_type="unigram",
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0, minloglevel=2,
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        character_coverage=1.0,
+        minloglevel=2,
         max_sentence_length=1 << 20,
     )
 
@@ -103,7 +111,9 @@ def _task(implementation: str, workload: str, corpus: str, spm_model: str):
         import preprocessors  # the repository is on sys.path: `common` put it there
 
         tokenize = preprocessors.tokenize
-        corrupt = functools.partial(preprocessors.span_corruption, concatenate_documents=concatenate)
+        corrupt = functools.partial(
+            preprocessors.span_corruption, concatenate_documents=concatenate
+        )
     else:
         from t5.data import preprocessors as t5_preprocessors
 
@@ -121,7 +131,9 @@ def _task(implementation: str, workload: str, corpus: str, spm_model: str):
         f"bench_{implementation}_{workload}",
         source=seqio.FunctionDataSource(source, splits=["train"]),
         preprocessors=[
-            functools.partial(seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}),
+            functools.partial(
+                seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}
+            ),
             tokenize,
             corrupt,
             seqio.preprocessors.append_eos_after_trim,
@@ -165,9 +177,13 @@ def run_worker(args) -> dict:
     task, vocabulary = _task(args.worker, args.workload, args.corpus, args.spm_model)
     result = {"implementation": args.worker, "workload": args.workload}
     if args.statistics:
-        dataset = task.get_dataset(LENGTHS, split="train", shuffle=False, seed=args.seed, use_cached=False)
+        dataset = task.get_dataset(
+            LENGTHS, split="train", shuffle=False, seed=args.seed, use_cached=False
+        )
         result["statistics"] = _statistics(dataset, vocabulary, args.statistics)
-    dataset = task.get_dataset(LENGTHS, split="train", shuffle=False, seed=args.seed, use_cached=False)
+    dataset = task.get_dataset(
+        LENGTHS, split="train", shuffle=False, seed=args.seed, use_cached=False
+    )
     packed = seqio.EncDecFeatureConverter(pack=True)(dataset, LENGTHS)
     batches = iter(packed.batch(args.batch_size, drop_remainder=True).prefetch(2))
     for _ in range(args.warmup):
@@ -200,11 +216,26 @@ def run_worker(args) -> dict:
 def _spawn(args, implementation: str, workload: str, with_statistics: bool) -> dict:
     python = sys.executable if implementation == "ours" else args.ref_python
     command = [
-        python, __file__, "--worker", implementation, "--workload", workload,
-        "--corpus", str(args.corpus), "--spm_model", str(args.spm_model),
-        "--batches", str(args.batches), "--warmup", str(args.warmup),
-        "--batch_size", str(args.batch_size), "--seed", str(args.seed),
-        "--statistics", str(args.statistics if with_statistics else 0),
+        python,
+        __file__,
+        "--worker",
+        implementation,
+        "--workload",
+        workload,
+        "--corpus",
+        str(args.corpus),
+        "--spm_model",
+        str(args.spm_model),
+        "--batches",
+        str(args.batches),
+        "--warmup",
+        str(args.warmup),
+        "--batch_size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--statistics",
+        str(args.statistics if with_statistics else 0),
     ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -217,7 +248,11 @@ def _spawn(args, implementation: str, workload: str, with_statistics: bool) -> d
 def _check_statistics(ours: dict, reference: dict, workload: str) -> None:
     """Raises unless both sides produce examples with the same statistics."""
     problems = []
-    for key, tolerance in (("noise_density", 0.002), ("mean_spans", 0.02), ("mean_targets_length", 0.02)):
+    for key, tolerance in (
+        ("noise_density", 0.002),
+        ("mean_spans", 0.02),
+        ("mean_targets_length", 0.02),
+    ):
         a, b = ours[key], reference[key]
         if abs(a - b) > tolerance * (1 if key == "noise_density" else abs(b)):
             problems.append(f"{key}: ours {a:.4f} vs reference {b:.4f}")
@@ -227,7 +262,9 @@ def _check_statistics(ours: dict, reference: dict, workload: str) -> None:
             f"reference {reference['full_length_shapes']}"
         )
     if problems:
-        raise RuntimeError(f"statistics differ on {workload}, speed not compared: " + "; ".join(problems))
+        raise RuntimeError(
+            f"statistics differ on {workload}, speed not compared: " + "; ".join(problems)
+        )
 
 
 def _prepare(args) -> None:
@@ -245,9 +282,15 @@ def _prepare(args) -> None:
 
 def run_comparison(args) -> dict:
     _prepare(args)
-    report = {"lengths": LENGTHS, "batch_size": args.batch_size, "rounds": args.rounds,
-              "batches": args.batches, "corpus": str(args.corpus), "spm_model": str(args.spm_model),
-              "workloads": {}}
+    report = {
+        "lengths": LENGTHS,
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "batches": args.batches,
+        "corpus": str(args.corpus),
+        "spm_model": str(args.spm_model),
+        "workloads": {},
+    }
     for workload in args.workloads:
         stats = {impl: _spawn(args, impl, workload, True)["statistics"] for impl in IMPLEMENTATIONS}
         _check_statistics(stats["ours"], stats["reference"], workload)
@@ -256,8 +299,11 @@ def run_comparison(args) -> dict:
             order = IMPLEMENTATIONS if round_index % 2 == 0 else IMPLEMENTATIONS[::-1]
             for impl in order:
                 runs[impl].append(_spawn(args, impl, workload, False))
-                print(f"{workload} round {round_index + 1} {impl}: "
-                      f"{runs[impl][-1]['examples_per_s']:.0f} examples/s", flush=True)
+                print(
+                    f"{workload} round {round_index + 1} {impl}: "
+                    f"{runs[impl][-1]['examples_per_s']:.0f} examples/s",
+                    flush=True,
+                )
         summary = {}
         for impl in IMPLEMENTATIONS:
             summary[impl] = {
@@ -277,29 +323,48 @@ def run_comparison(args) -> dict:
 
 
 def _print_table(report: dict) -> None:
-    print(f"\nspan corruption + packing to {report['lengths']}, batches of {report['batch_size']}, "
-          f"median of {report['rounds']} rounds")
-    print(f"{'workload':10} {'implementation':14} {'examples/s':>11} {'tokens/s':>11} "
-          f"{'cpu ms/ex':>10} {'fill':>6}")
+    print(
+        f"\nspan corruption + packing to {report['lengths']}, batches of {report['batch_size']}, "
+        f"median of {report['rounds']} rounds"
+    )
+    print(
+        f"{'workload':10} {'implementation':14} {'examples/s':>11} {'tokens/s':>11} "
+        f"{'cpu ms/ex':>10} {'fill':>6}"
+    )
     for workload, summary in report["workloads"].items():
         for impl in IMPLEMENTATIONS:
             s = summary[impl]
-            print(f"{workload:10} {impl:14} {s['examples_per_s']:11.0f} {s['tokens_per_s']:11.0f} "
-                  f"{s['cpu_ms_per_example']:10.3f} {s['fill_ratio']:6.3f}")
-        print(f"{workload:10} {'ratio':14} {summary['ratio_examples_per_s']:11.2f} "
-              f"(cpu per example: {summary['ratio_cpu_per_example']:.2f}x less)")
+            print(
+                f"{workload:10} {impl:14} {s['examples_per_s']:11.0f} {s['tokens_per_s']:11.0f} "
+                f"{s['cpu_ms_per_example']:10.3f} {s['fill_ratio']:6.3f}"
+            )
+        print(
+            f"{workload:10} {'ratio':14} {summary['ratio_examples_per_s']:11.2f} "
+            f"(cpu per example: {summary['ratio_cpu_per_example']:.2f}x less)"
+        )
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", type=pathlib.Path, default=None,
-                        help="text file, one document per line (default: the built-in corpus)")
-    parser.add_argument("--spm_model", type=pathlib.Path, default=None,
-                        help="SentencePiece model (default: trained on the corpus, cached)")
+    parser.add_argument(
+        "--corpus",
+        type=pathlib.Path,
+        default=None,
+        help="text file, one document per line (default: the built-in corpus)",
+    )
+    parser.add_argument(
+        "--spm_model",
+        type=pathlib.Path,
+        default=None,
+        help="SentencePiece model (default: trained on the corpus, cached)",
+    )
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--cache_dir", default=str(pathlib.Path.home() / ".cache" / "t2t_bench"))
-    parser.add_argument("--ref_python", default="/work/venv-t5ref/bin/python",
-                        help="python of an environment with the t5 package (see tests/preprocessors/data)")
+    parser.add_argument(
+        "--ref_python",
+        default="/work/venv-t5ref/bin/python",
+        help="python of an environment with the t5 package (see tests/preprocessors/data)",
+    )
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=40, help="timed batches per run")
@@ -307,7 +372,9 @@ def main(argv=None) -> None:
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--statistics", type=int, default=3000, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "span_corruption.json"))
+    parser.add_argument(
+        "--out", default=str(REPO / "benchmarks" / "results" / "span_corruption.json")
+    )
     parser.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=WORKLOADS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

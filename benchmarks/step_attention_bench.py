@@ -51,7 +51,8 @@ def attend_dots(q, k, v):  # q [B, N, H]; k, v [B, N, S, H]
 def attend_head_groups(q, k, v):  # k, v: two [B, N/2, S, H] halves each
     half = HEADS // 2
     return jnp.concatenate(
-        [attend_dots(q[:, :half], k[0], v[0]), attend_dots(q[:, half:], k[1], v[1])], axis=1)
+        [attend_dots(q[:, :half], k[0], v[0]), attend_dots(q[:, half:], k[1], v[1])], axis=1
+    )
 
 
 def attend_two_rows(q, k_t, v):  # k_t [B, N, H, S]
@@ -73,8 +74,9 @@ def xla_loop(attend, steps: int):
             q = attend(q, keys[layer], values[layer]) * 0.1 + q * 0.9
         return q
 
-    return jax.jit(lambda q, keys, values: jax.lax.fori_loop(
-        0, steps, lambda _, q: step(q, keys, values), q))
+    return jax.jit(
+        lambda q, keys, values: jax.lax.fori_loop(0, steps, lambda _, q: step(q, keys, values), q)
+    )
 
 
 def torch_loop(q, keys, values, steps: int):
@@ -92,8 +94,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" /
-                                             "step_attention.json"))
+    parser.add_argument(
+        "--out", default=str(REPO / "benchmarks" / "results" / "step_attention.json")
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -104,27 +107,38 @@ def main() -> None:
     query = rng.standard_normal((BATCH, HEADS, HEAD_DIM), np.float32)
 
     half = HEADS // 2
-    as_jax = lambda arrays: [jnp.asarray(a) for a in arrays]  # noqa: E731
+
+    def as_jax(arrays):
+        return [jnp.asarray(a) for a in arrays]
+
+    def split(arrays):  # each array's two halves of the heads
+        return [(jnp.asarray(a[:, :half]), jnp.asarray(a[:, half:])) for a in arrays]
+
     keys_t = as_jax([np.ascontiguousarray(k.transpose(0, 1, 3, 2)) for k in keys])
-    split = lambda arrays: [  # noqa: E731
-        (jnp.asarray(a[:, :half]), jnp.asarray(a[:, half:])) for a in arrays]
     forms = {  # name -> (attend, keys, values, compiler options)
         "xla dots": (attend_dots, as_jax(keys), as_jax(values), None),
         "xla 2 head groups": (attend_head_groups, split(keys), split(values), None),
         "xla 2 query rows": (attend_two_rows, keys_t, as_jax(values), None),
         "xla multiply-reduce": (attend_multiply_reduce, keys_t, as_jax(values), None),
-        "xla multiply-reduce, YNNPACK dots only":
-            (attend_multiply_reduce, keys_t, as_jax(values), DOT_ONLY),
+        "xla multiply-reduce, YNNPACK dots only": (
+            attend_multiply_reduce,
+            keys_t,
+            as_jax(values),
+            DOT_ONLY,
+        ),
     }
     runners, outputs = {}, {}
     for name, (attend, k, v, options) in forms.items():
-        compiled = xla_loop(attend, args.steps).lower(query, k, v).compile(
-            compiler_options=options)
+        compiled = xla_loop(attend, args.steps).lower(query, k, v).compile(compiler_options=options)
         runners[name] = lambda compiled=compiled, k=k, v=v: jax.block_until_ready(
-            compiled(query, k, v))
+            compiled(query, k, v)
+        )
         outputs[name] = np.asarray(runners[name]())
-    torch_args = (torch.from_numpy(query), [torch.from_numpy(k) for k in keys],
-                  [torch.from_numpy(v) for v in values])
+    torch_args = (
+        torch.from_numpy(query),
+        [torch.from_numpy(k) for k in keys],
+        [torch.from_numpy(v) for v in values],
+    )
     runners["torch matmul"] = lambda: torch_loop(*torch_args, args.steps)
     outputs["torch matmul"] = runners["torch matmul"]().numpy()
     reference = outputs["xla dots"]
@@ -143,23 +157,38 @@ def main() -> None:
             wall[name].append(seconds)
             cpu[name].append((after.user + after.system - before.user - before.system) / seconds)
 
-    report = {"args": vars(args), "jax": jax.__version__, "torch": torch.__version__,
-              "cpu_count": os.cpu_count(), "load_average_before": load_before, "forms": []}
+    report = {
+        "args": vars(args),
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "load_average_before": load_before,
+        "forms": [],
+    }
     megabytes = 2 * LAYERS * 4 * np.prod(shape) / 2**20
-    print(f"{LAYERS} layers x batch {BATCH} x {HEADS} heads x {args.keys} keys "
-          f"({megabytes:.0f} MiB of keys and values), {args.steps} steps per run, "
-          f"{args.repeats} runs; jax {jax.__version__}, torch {torch.__version__}")
+    print(
+        f"{LAYERS} layers x batch {BATCH} x {HEADS} heads x {args.keys} keys "
+        f"({megabytes:.0f} MiB of keys and values), {args.steps} steps per run, "
+        f"{args.repeats} runs; jax {jax.__version__}, torch {torch.__version__}"
+    )
     print(f"{'form':<40} {'ms/step':>8} {'GB/s':>6} {'CPU/wall':>8}")
     base = statistics.median(wall["xla dots"])
     for name in runners:
         seconds = statistics.median(wall[name])
-        row = {"form": name, "ms_per_step": seconds / args.steps * 1e3,
-               "gb_per_s": megabytes * 2**20 / (seconds / args.steps) / 1e9,
-               "cpu_over_wall": statistics.median(cpu[name]),
-               "xla_dots_over_form": base / seconds, "wall_s": wall[name], "cpu_ratio": cpu[name]}
+        row = {
+            "form": name,
+            "ms_per_step": seconds / args.steps * 1e3,
+            "gb_per_s": megabytes * 2**20 / (seconds / args.steps) / 1e9,
+            "cpu_over_wall": statistics.median(cpu[name]),
+            "xla_dots_over_form": base / seconds,
+            "wall_s": wall[name],
+            "cpu_ratio": cpu[name],
+        }
         report["forms"].append(row)
-        print(f"{name:<40} {row['ms_per_step']:>8.2f} {row['gb_per_s']:>6.1f} "
-              f"{row['cpu_over_wall']:>8.2f}")
+        print(
+            f"{name:<40} {row['ms_per_step']:>8.2f} {row['gb_per_s']:>6.1f} "
+            f"{row['cpu_over_wall']:>8.2f}"
+        )
     report["load_average_after"] = os.getloadavg()
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -50,9 +50,18 @@ def hf_config():
     from transformers import T5Config
 
     return T5Config(
-        vocab_size=32128, d_model=512, d_ff=2048, d_kv=64, num_heads=8, num_layers=6,
-        feed_forward_proj="relu", tie_word_embeddings=True, dropout_rate=DROPOUT,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=32128,
+        d_model=512,
+        d_ff=2048,
+        d_kv=64,
+        num_heads=8,
+        num_layers=6,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        dropout_rate=DROPOUT,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
 
 
@@ -149,24 +158,33 @@ def t2t_worker(args) -> dict:
         return optax.apply_updates(params, updates), opt_state, loss
 
     start = time.perf_counter()
-    step = jax.jit(train_step, donate_argnums=(0, 1)).lower(
-        params, opt_state, batch, jax.random.key(0)).compile()
+    step = (
+        jax.jit(train_step, donate_argnums=(0, 1))
+        .lower(params, opt_state, batch, jax.random.key(0))
+        .compile()
+    )
     compile_s = time.perf_counter() - start
     state = {"params": params, "opt_state": opt_state, "i": 0, "losses": []}
 
     def run():
         rng = jax.random.fold_in(jax.random.key(1), state["i"])
         state["params"], state["opt_state"], loss = step(
-            state["params"], state["opt_state"], batch, rng)
+            state["params"], state["opt_state"], batch, rng
+        )
         state["losses"].append(float(loss))  # Blocks until the step is done.
         state["i"] += 1
 
     timed(run, args.warmup)
     load_before = os.getloadavg()[0]
     times = timed(run, args.steps)
-    out = {"compile_s": compile_s, "step_times": times, "load_before": load_before,
-           "initial_eval_loss": initial_loss, "losses": state["losses"],
-           "flops_per_step": BATCH * flops.training_flops(config, INPUT_LENGTH, TARGET_LENGTH)}
+    out = {
+        "compile_s": compile_s,
+        "step_times": times,
+        "load_before": load_before,
+        "initial_eval_loss": initial_loss,
+        "losses": state["losses"],
+        "flops_per_step": BATCH * flops.training_flops(config, INPUT_LENGTH, TARGET_LENGTH),
+    }
     out.update(load_snapshot())
     if args.parts:
         out["parts"] = t2t_parts(model, tx, state["params"], state["opt_state"], batch, args)
@@ -209,8 +227,9 @@ def xla_profile(compiled, state, batch, top: int = 15) -> dict:
     hlo = hlo_instructions(compiled.as_text())
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
-        params, opt_state, loss = compiled(state["params"], state["opt_state"], batch,
-                                           jax.random.key(3))
+        params, opt_state, loss = compiled(
+            state["params"], state["opt_state"], batch, jax.random.key(3)
+        )
         loss.block_until_ready()
         jax.profiler.stop_trace()
         state["params"], state["opt_state"] = params, opt_state
@@ -262,8 +281,11 @@ def hlo_instructions(text: str) -> dict:
             body = "\n".join(bodies.get(called.group(1), [])) if called else line
             ops = set(re.findall(r"= \S+ ([\w-]+)\(", body)) | {m.group(3)}
             source = re.search(r'op_name="([^"]*)"', line)
-            out[m.group(1)] = {"kind": _kind(ops), "shape": m.group(2).split("{")[0],
-                               "source": source.group(1) if source else ""}
+            out[m.group(1)] = {
+                "kind": _kind(ops),
+                "shape": m.group(2).split("{")[0],
+                "source": source.group(1) if source else "",
+            }
     return out
 
 
@@ -296,12 +318,20 @@ def hf_worker(args) -> dict:
     inputs, targets = torch.from_numpy(inputs).long(), torch.from_numpy(targets).long()
     mask = torch.ones_like(inputs)
     with torch.no_grad():
-        initial_loss = float(model.eval()(input_ids=inputs, attention_mask=mask,
-                                          labels=targets).loss)
+        initial_loss = float(
+            model.eval()(input_ids=inputs, attention_mask=mask, labels=targets).loss
+        )
     model.train()
     optimizer = Adafactor(
-        model.parameters(), lr=None, relative_step=True, scale_parameter=True,
-        warmup_init=False, decay_rate=-0.8, clip_threshold=1.0, beta1=None, weight_decay=0.0,
+        model.parameters(),
+        lr=None,
+        relative_step=True,
+        scale_parameter=True,
+        warmup_init=False,
+        decay_rate=-0.8,
+        clip_threshold=1.0,
+        beta1=None,
+        weight_decay=0.0,
     )
     parts = {"forward": [], "backward": [], "optimizer": []}
     losses = []
@@ -324,8 +354,13 @@ def hf_worker(args) -> dict:
         values.clear()
     load_before = os.getloadavg()[0]
     times = timed(run, args.steps)
-    out = {"step_times": times, "load_before": load_before, "initial_eval_loss": initial_loss,
-           "losses": losses, "parts": {k: statistics.median(v) for k, v in parts.items()}}
+    out = {
+        "step_times": times,
+        "load_before": load_before,
+        "initial_eval_loss": initial_loss,
+        "losses": losses,
+        "parts": {k: statistics.median(v) for k, v in parts.items()},
+    }
     out.update(load_snapshot())
     if args.profile:
         out["profile"] = torch_profile(run)
@@ -339,8 +374,12 @@ def torch_profile(run, top: int = 15) -> dict:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         run()
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
-    return {"top_ops": [{"name": e.key, "seconds": e.self_cpu_time_total / 1e6,
-                         "calls": e.count} for e in events]}
+    return {
+        "top_ops": [
+            {"name": e.key, "seconds": e.self_cpu_time_total / 1e6, "calls": e.count}
+            for e in events
+        ]
+    }
 
 
 WORKERS = {"peak": peak_worker, "t2t": t2t_worker, "hf": hf_worker}
@@ -354,8 +393,9 @@ def weights_worker(args) -> dict:
 
     torch.manual_seed(0)
     model = T5ForConditionalGeneration(hf_config())
-    tensors = {k: v.detach().numpy() for k, v in model.state_dict().items()
-               if k != "lm_head.weight"}  # Tied to shared.weight.
+    tensors = {
+        k: v.detach().numpy() for k, v in model.state_dict().items() if k != "lm_head.weight"
+    }  # Tied to shared.weight.
     np.savez(args.weights, **tensors)
     return {"tensors": len(tensors)}
 
@@ -369,27 +409,45 @@ WORKERS["weights"] = weights_worker
 
 def run_worker(kind: str, args) -> dict:
     """Runs one worker in a fresh Python process and returns its RESULT."""
-    command = [sys.executable, os.path.abspath(__file__), "--worker", kind,
-               "--weights", args.weights, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--part_repeats", str(args.part_repeats),
-               "--gemm_size", str(args.gemm_size), "--gemm_repeats", str(args.gemm_repeats)]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        kind,
+        "--weights",
+        args.weights,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--part_repeats",
+        str(args.part_repeats),
+        "--gemm_size",
+        str(args.gemm_size),
+        "--gemm_repeats",
+        str(args.gemm_repeats),
+    ]
     command += ["--parts"] * args.parts + ["--profile"] * args.profile
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")])
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")]
+    )
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     results = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if done.returncode or not results:
         raise RuntimeError(f"worker {kind} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(results[-1][len(RESULT_PREFIX):])
+    return json.loads(results[-1][len(RESULT_PREFIX) :])
 
 
 def summarize(rounds: list[dict]) -> dict:
     """Medians over all timed steps of all rounds, tokens/s, ratio and MFU of both sides."""
     peak = max(r["peak"]["peak_gflops"] for r in rounds)
     flops_per_step = rounds[0]["t2t"]["flops_per_step"]
-    out = {"tokens_per_step": TOKENS_PER_STEP, "gflop_per_step": flops_per_step / 1e9,
-           "matmul_peak_gflops": peak}
+    out = {
+        "tokens_per_step": TOKENS_PER_STEP,
+        "gflop_per_step": flops_per_step / 1e9,
+        "matmul_peak_gflops": peak,
+    }
     for side in ("t2t", "hf"):
         steps = [t for r in rounds for t in r[side]["step_times"]]
         median = statistics.median(steps)
@@ -405,25 +463,34 @@ def summarize(rounds: list[dict]) -> dict:
         if "parts" in rounds[0][side]:
             names = rounds[0][side]["parts"]
             out[side]["parts_s"] = {
-                n: statistics.median(r[side]["parts"][n] for r in rounds) for n in names}
+                n: statistics.median(r[side]["parts"][n] for r in rounds) for n in names
+            }
     out["t2t"]["compile_s"] = statistics.median(r["t2t"]["compile_s"] for r in rounds)
     out["ratio"] = out["t2t"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
     return out
 
 
 def print_summary(summary: dict) -> None:
-    print(f"\nmatmul peak {summary['matmul_peak_gflops']:.1f} GFLOP/s; "
-          f"{summary['gflop_per_step']:.1f} GFLOP and {TOKENS_PER_STEP} tokens per step")
-    print(f"{'':5} {'step s':>7} {'tokens/s':>9} {'MFU':>6} {'peak RSS MiB':>13}  load (before, after)")
+    print(
+        f"\nmatmul peak {summary['matmul_peak_gflops']:.1f} GFLOP/s; "
+        f"{summary['gflop_per_step']:.1f} GFLOP and {TOKENS_PER_STEP} tokens per step"
+    )
+    print(
+        f"{'':5} {'step s':>7} {'tokens/s':>9} {'MFU':>6} {'peak RSS MiB':>13}  load (before, after)"
+    )
     for side in ("t2t", "hf"):
         s = summary[side]
         loads = " ".join(f"({a:.1f}, {b:.1f})" for a, b in s["load_1min"])
-        print(f"{side:5} {s['median_step_s']:7.3f} {s['tokens_per_s']:9.1f} {s['mfu']:6.3f} "
-              f"{s['peak_rss_mib']:13.0f}  {loads}")
+        print(
+            f"{side:5} {s['median_step_s']:7.3f} {s['tokens_per_s']:9.1f} {s['mfu']:6.3f} "
+            f"{s['peak_rss_mib']:13.0f}  {loads}"
+        )
         if "parts_s" in s:
             print("      parts: " + ", ".join(f"{k} {v:.3f} s" for k, v in s["parts_s"].items()))
-    print(f"t2t / HF tokens/s ratio: {summary['ratio']:.3f}; t2t compile "
-          f"{summary['t2t']['compile_s']:.1f} s")
+    print(
+        f"t2t / HF tokens/s ratio: {summary['ratio']:.3f}; t2t compile "
+        f"{summary['t2t']['compile_s']:.1f} s"
+    )
 
 
 def main() -> None:
@@ -450,10 +517,15 @@ def main() -> None:
         for index in range(args.rounds):
             result = {kind: run_worker(kind, args) for kind in ("peak", "t2t", "hf")}
             rounds.append(result)
-            print(f"round {index}: peak {result['peak']['peak_gflops']:.1f} GFLOP/s; " + "; ".join(
-                f"{side} median {statistics.median(result[side]['step_times']):.3f} s "
-                f"(load {result[side]['load_before']:.1f})" for side in ("t2t", "hf")),
-                flush=True)
+            print(
+                f"round {index}: peak {result['peak']['peak_gflops']:.1f} GFLOP/s; "
+                + "; ".join(
+                    f"{side} median {statistics.median(result[side]['step_times']):.3f} s "
+                    f"(load {result[side]['load_before']:.1f})"
+                    for side in ("t2t", "hf")
+                ),
+                flush=True,
+            )
     summary = summarize(rounds)
     print_summary(summary)
     if args.out:

@@ -23,19 +23,32 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         description="Build C4 (the T5 paper's Colossal Clean Crawled Corpus) from WET files.",
     )
     add = parser.add_argument
-    add("--wet_paths", required=True,
-        help="comma-separated WET files or glob patterns (local, gs://, s3://, hdfs://)")
+    add(
+        "--wet_paths",
+        required=True,
+        help="comma-separated WET files or glob patterns (local, gs://, s3://, hdfs://)",
+    )
     add("--output_dir", required=True, help="directory for the shards and stats.json")
     add("--variant", default="c4", choices=pipeline.VARIANTS)
-    add("--badwords_file", default="",
-        help="bad-words list, one per line; default: download the pinned LDNOOBW 'en' list")
-    add("--badwords_url", default=badwords.BADWORDS_URL,
-        help="where to download the bad-words list when --badwords_file is not given")
+    add(
+        "--badwords_file",
+        default="",
+        help="bad-words list, one per line; default: download the pinned LDNOOBW 'en' list",
+    )
+    add(
+        "--badwords_url",
+        default=badwords.BADWORDS_URL,
+        help="where to download the bad-words list when --badwords_file is not given",
+    )
     add("--domains_file", default="", help="realnewslike: one domain per line")
     add("--urls_file", default="", help="webtextlike: one URL per line")
     add("--min_language_probability", type=float, default=langid.MIN_ENGLISH_PROBABILITY)
-    add("--validation_fraction", type=float, default=0.0,
-        help="share of pages (by URL hash) written to a validation split")
+    add(
+        "--validation_fraction",
+        type=float,
+        default=0.0,
+        help="share of pages (by URL hash) written to a validation split",
+    )
     add("--num_shards", type=int, default=0, help="shards per split; 0: runner decides")
     return parser.parse_known_args(argv)
 
@@ -67,8 +80,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(json.dumps(counters, indent=2, sort_keys=True))
     problem = empty_run(counters)
     if problem:
-        print(f"python -m c4_pipeline: error: {problem} (counters above and in "
-              f"{args.output_dir}/stats.json); check --wet_paths.", file=sys.stderr)
+        print(
+            f"python -m c4_pipeline: error: {problem} (counters above and in "
+            f"{args.output_dir}/stats.json); check --wet_paths.",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -78,8 +94,9 @@ def empty_run(counters: dict) -> str:
     read = counters.get("read", {})
     if not read.get("page_read"):
         malformed = sum(v for k, v in read.items() if k.startswith("malformed:"))
-        return (f"no page was read from {read.get('file', 0)} WET file(s)"
-                + (f"; {malformed} malformed record(s) skipped" if malformed else ""))
+        return f"no page was read from {read.get('file', 0)} WET file(s)" + (
+            f"; {malformed} malformed record(s) skipped" if malformed else ""
+        )
     if not sum(counters.get("write", {}).values()):
         return f"{read['page_read']} pages were read, but every one was filtered out"
     return ""

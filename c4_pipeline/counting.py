@@ -44,4 +44,3 @@ class CountingFn(beam.DoFn):
         yield from self._fn(element, counters, **self._kwargs)
         for name, count in counters.items():
             self._counter(name).inc(count)
-

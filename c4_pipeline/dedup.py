@@ -200,9 +200,7 @@ class DeduplicateSpans(beam.PTransform):
             | "JoinPagesWithMarks" >> beam.CoGroupByKey()
             | "RemoveMarked"
             >> beam.ParDo(
-                counting.CountingFn(
-                    self._namespace, _join_marks, min_sentences=self._min_sentences
-                )
+                counting.CountingFn(self._namespace, _join_marks, min_sentences=self._min_sentences)
             )
         )
 

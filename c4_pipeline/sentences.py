@@ -13,8 +13,30 @@ import re
 # A candidate boundary: terminal marks, optional closers, then the white space after them.
 _BOUNDARY = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+")
 _TITLES = frozenset(
-    ["mr.", "mrs.", "ms.", "dr.", "prof.", "st.", "jr.", "sr.", "mt.", "gen.", "rev.", "sen.",
-     "rep.", "gov.", "capt.", "lt.", "col.", "sgt.", "vs.", "no.", "fig.", "vol."]
+    [
+        "mr.",
+        "mrs.",
+        "ms.",
+        "dr.",
+        "prof.",
+        "st.",
+        "jr.",
+        "sr.",
+        "mt.",
+        "gen.",
+        "rev.",
+        "sen.",
+        "rep.",
+        "gov.",
+        "capt.",
+        "lt.",
+        "col.",
+        "sgt.",
+        "vs.",
+        "no.",
+        "fig.",
+        "vol.",
+    ]
 )
 _INITIAL = re.compile(r"^\(?[A-Za-z]\.$")
 

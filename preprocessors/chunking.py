@@ -106,7 +106,9 @@ def concat_batches(batches: tf.data.Dataset, feature_key: str) -> tf.data.Datase
     return batching.map_batches(batches, lambda b: {feature_key: concatenate_rows(b[feature_key])})
 
 
-def split_batches(batches: tf.data.Dataset, feature_key: str, segment_length: int) -> tf.data.Dataset:
+def split_batches(
+    batches: tf.data.Dataset, feature_key: str, segment_length: int
+) -> tf.data.Dataset:
     """`split_rows` over a dataset of ragged batches."""
     _check_positive("segment_length", segment_length)
     return batching.map_batches(

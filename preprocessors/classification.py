@@ -54,7 +54,9 @@ CLASSIFICATION_FORMATS: Dict[str, ClassificationFormat] = {
     "super_glue/boolq": ClassificationFormat("boolq", _BOOL),
     "super_glue/cb": ClassificationFormat("cb", ("entailment", "contradiction", "neutral")),
     "super_glue/copa": ClassificationFormat("copa", ("choice1", "choice2")),
-    "super_glue/multirc": ClassificationFormat("multirc", _BOOL, ("question", "answer", "paragraph")),
+    "super_glue/multirc": ClassificationFormat(
+        "multirc", _BOOL, ("question", "answer", "paragraph")
+    ),
     "super_glue/rte": ClassificationFormat("rte", _NLI2),
     "super_glue/wic": ClassificationFormat("wic", _BOOL, ("sentence1", "sentence2", "word")),
     "super_glue/axb": ClassificationFormat("rte", _NLI2),
@@ -124,7 +126,11 @@ def stsb(dataset: tf.data.Dataset) -> tf.data.Dataset:
         )
         # NOTE: round(5 * score) / 5 in float32 with half-to-even rounding, as the t5 package does.
         score = tf.round(tf.cast(x["label"], tf.float32) * 5) / 5
-        return {"inputs": inputs, "targets": tf.strings.as_string(score, precision=1), "idx": x["idx"]}
+        return {
+            "inputs": inputs,
+            "targets": tf.strings.as_string(score, precision=1),
+            "idx": x["idx"],
+        }
 
     return dataset.map(format_example, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -169,12 +175,12 @@ def text_preprocessor(tfds_name: str) -> Callable[[tf.data.Dataset], tf.data.Dat
     )
 
 
-def _feature_order(dataset: tf.data.Dataset, feature_names: Optional[Sequence[str]]) -> Tuple[str, ...]:
+def _feature_order(
+    dataset: tf.data.Dataset, feature_names: Optional[Sequence[str]]
+) -> Tuple[str, ...]:
     spec = dataset.element_spec
     if not isinstance(spec, dict) or "label" not in spec:
-        raise ValueError(
-            f"expected TFDS GLUE/SuperGLUE records with a 'label' feature, got {spec}"
-        )
+        raise ValueError(f"expected TFDS GLUE/SuperGLUE records with a 'label' feature, got {spec}")
     keys = tuple(feature_names) if feature_names else tuple(sorted(set(spec) - {"label", "idx"}))
     missing = [k for k in keys if k not in spec]
     if missing:

@@ -124,9 +124,7 @@ def noise_token_to_sentinel(
     """
     del seed
     replacement = tf.cast(sentinel_id(vocabulary), tokens.dtype)
-    return tf.ragged.map_flat_values(
-        lambda t, m: tf.where(m, replacement, t), tokens, noise_mask
-    )
+    return tf.ragged.map_flat_values(lambda t, m: tf.where(m, replacement, t), tokens, noise_mask)
 
 
 def noise_token_to_mask_or_random(

@@ -110,9 +110,7 @@ def noise_counts(
     # with `random_spans_helper` for every length (float32 can differ at exact halves).
     num_noise = tf.cast(tf.round(tf.cast(lengths, tf.float64) * noise_density), tf.int32)
     num_noise = tf.clip_by_value(num_noise, 1, lengths - 1)
-    num_spans = tf.cast(
-        tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int32
-    )
+    num_spans = tf.cast(tf.round(tf.cast(num_noise, tf.float64) / mean_noise_span_length), tf.int32)
     # NOTE: the clip to the non-noise count only binds for extreme settings (density > ~0.7 with
     # spans of ~1 token); there the t5 package would build a mask with fewer spans than it counted.
     num_spans = tf.clip_by_value(num_spans, 1, lengths - num_noise)
@@ -166,7 +164,9 @@ def random_spans_noise_mask(
     return mask & _valid_positions(lengths, tf.shape(mask)[1])
 
 
-def _random_segment_ends(num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+def _random_segment_ends(
+    num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf.Tensor
+) -> tf.Tensor:
     """Cuts `num_items[b]` items into `num_segments[b]` random non-empty pieces.
 
     Example: num_items [5], num_segments [2] -> e.g. [[3, 5]] (pieces of 3 and 2 items).
@@ -197,7 +197,9 @@ def _random_segment_ends(num_items: tf.Tensor, num_segments: tf.Tensor, seed: tf
     return ends
 
 
-def iid_noise_mask(lengths: tf.Tensor, seed: tf.Tensor, *, noise_density: float = 0.15) -> tf.Tensor:
+def iid_noise_mask(
+    lengths: tf.Tensor, seed: tf.Tensor, *, noise_density: float = 0.15
+) -> tf.Tensor:
     """Each token is noise independently with probability `noise_density`.
 
     Example: lengths [4, 2] -> e.g. `[[F T F F], [T F]]` (padding is always False).

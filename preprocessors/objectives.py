@@ -72,7 +72,9 @@ def denoise_batches(
         dense_mask = noise_mask_fn(tokens.row_lengths(), mask_seed)
         mask = tf.RaggedTensor.from_tensor(dense_mask, lengths=tokens.row_lengths())
         inputs = inputs_fn(tokens, mask, vocabulary, inputs_seed)
-        targets = tokens if targets_fn is None else targets_fn(tokens, mask, vocabulary, targets_seed)
+        targets = (
+            tokens if targets_fn is None else targets_fn(tokens, mask, vocabulary, targets_seed)
+        )
         return {"inputs": inputs, "targets": targets}
 
     return batching.map_with_seed(batches, corrupt)
@@ -184,8 +186,13 @@ def iid_noise_replace_spans(
     targets `32099 3 4 32098 6`.
     """
     return _iid_objective(
-        dataset, sequence_length, output_features, noise_density, noise_mask_fn,
-        corruption.noise_span_to_unique_sentinel, corruption.nonnoise_span_to_unique_sentinel,
+        dataset,
+        sequence_length,
+        output_features,
+        noise_density,
+        noise_mask_fn,
+        corruption.noise_span_to_unique_sentinel,
+        corruption.nonnoise_span_to_unique_sentinel,
     )
 
 
@@ -201,8 +208,13 @@ def iid_noise_drop_tokens(
     Example: `1 2 3 4 5 6`, noise `3 4` and `6` -> inputs `1 2 5`, targets `3 4 6`.
     """
     return _iid_objective(
-        dataset, sequence_length, output_features, noise_density, noise_mask_fn,
-        corruption.drop_noise_tokens, corruption.drop_nonnoise_tokens,
+        dataset,
+        sequence_length,
+        output_features,
+        noise_density,
+        noise_mask_fn,
+        corruption.drop_noise_tokens,
+        corruption.drop_nonnoise_tokens,
     )
 
 
@@ -246,8 +258,13 @@ def mass_style(
     targets `1 2 3 4 5 6`.
     """
     return _iid_objective(
-        dataset, sequence_length, output_features, noise_density, noise_mask_fn,
-        corruption.noise_token_to_sentinel, None,
+        dataset,
+        sequence_length,
+        output_features,
+        noise_density,
+        noise_mask_fn,
+        corruption.noise_token_to_sentinel,
+        None,
     )
 
 
@@ -263,8 +280,13 @@ def deshuffle(
     `noise_mask_fn` only the marked tokens are shuffled among themselves.
     """
     return _iid_objective(
-        dataset, sequence_length, output_features, None, noise_mask_fn or noise.full_mask,
-        corruption.permute_noise_tokens, None,
+        dataset,
+        sequence_length,
+        output_features,
+        None,
+        noise_mask_fn or noise.full_mask,
+        corruption.permute_noise_tokens,
+        None,
     )
 
 
@@ -349,7 +371,9 @@ def _iid_objective(
     length = chunking.length_leaving_room_for_eos("inputs", sequence_length, output_features)
     if noise_mask_fn is None:
         if not 0.0 < noise_density < 1.0:
-            raise ValueError(f"noise_density must lie strictly between 0 and 1, got {noise_density}")
+            raise ValueError(
+                f"noise_density must lie strictly between 0 and 1, got {noise_density}"
+            )
         noise_mask_fn = functools.partial(noise.iid_noise_mask, noise_density=noise_density)
     batches = _raw_segments(dataset, length, concatenate_documents=True)
     batches = denoise_batches(batches, vocabulary, noise_mask_fn, inputs_fn, targets_fn)

@@ -44,9 +44,7 @@ def wsc_simple(
         marked = tf.strings.join(["*", x["span2_text"], "*"])
         stripped = tf.strings.regex_replace(words[index], r"[.,?!;:\"']+$", "")
         suffix = tf.strings.substr(words[index], tf.strings.length(stripped), -1)
-        words = tf.tensor_scatter_nd_update(
-            words, [[index]], [tf.strings.join([marked, suffix])]
-        )
+        words = tf.tensor_scatter_nd_update(words, [[index]], [tf.strings.join([marked, suffix])])
         text = tf.strings.reduce_join(words, separator=" ")
         return {
             "inputs": tf.strings.join([label, text], separator=" "),
@@ -117,13 +115,18 @@ def record(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """
 
     def format_example(x):
-        passage = tf.strings.regex_replace(x["passage"], "(\\.|\\?|\\!|\\\"|\\')\n@highlight\n", r"\1 ")
+        passage = tf.strings.regex_replace(
+            x["passage"], "(\\.|\\?|\\!|\\\"|\\')\n@highlight\n", r"\1 "
+        )
         passage = tf.strings.regex_replace(passage, "\n@highlight\n", ". ")
         inputs = tf.strings.join(
             [
-                "record query:", x["query"],
-                "entities:", tf.strings.reduce_join(x["entities"], separator=", "),
-                "passage:", passage,
+                "record query:",
+                x["query"],
+                "entities:",
+                tf.strings.reduce_join(x["entities"], separator=", "),
+                "passage:",
+                passage,
             ],
             separator=" ",
         )

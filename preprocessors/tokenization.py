@@ -42,12 +42,16 @@ def tokenize(
         raise ValueError(f"expected examples as dicts of features, got {spec}")
     keys = [k for k in spec if k in output_features]
     batched = [
-        k for k in keys
+        k
+        for k in keys
         if isinstance(output_features[k].vocabulary, seqio.SentencePieceVocabulary)
-        and spec[k].dtype == tf.string and spec[k].shape.rank == 0
+        and spec[k].dtype == tf.string
+        and spec[k].shape.rank == 0
     ]
     if batched:
-        dataset = _tokenize_batched(dataset, output_features, batched, copy_pretokenized, batch_size)
+        dataset = _tokenize_batched(
+            dataset, output_features, batched, copy_pretokenized, batch_size
+        )
     rest = [k for k in keys if k not in batched]
     if rest:
         dataset = _tokenize_each(dataset, output_features, rest, copy_pretokenized)

@@ -28,35 +28,64 @@ METRIC = "builtin_package/accuracy"
 # name -> (method gin file or None, extra bindings, what the method is)
 METHODS = {
     "all parameters": (None, [], "every parameter trains (the paper's baseline)"),
-    "adapters d=32": ("adapters", ["ADAPTER_SIZE = 32"],
-                      "adapter layers after every feed-forward block, and layer norms"),
+    "adapters d=32": (
+        "adapters",
+        ["ADAPTER_SIZE = 32"],
+        "adapter layers after every feed-forward block, and layer norms",
+    ),
     "adapters d=128": ("adapters", ["ADAPTER_SIZE = 128"], "the same, 128 hidden units"),
-    "gradual unfreezing": ("gradual_unfreezing", ["EPISODE_STEPS = {half}"],
-                           "top layer of each stack first, one more per episode"),
-    "layer-wise rates": ("layerwise_rates", ["LAYER_DECAY = 0.7"],
-                         "layer i's updates scaled by 0.7^(n-1-i)"),
-    "feature extraction": ("feature_extraction", [],
-                           "frozen encoder and embedding, pretrained decoder trains"),
-    "new decoder": ("feature_extraction_new_decoder", [],
-                    "frozen encoder, re-initialized decoder trains"),
+    "gradual unfreezing": (
+        "gradual_unfreezing",
+        ["EPISODE_STEPS = {half}"],
+        "top layer of each stack first, one more per episode",
+    ),
+    "layer-wise rates": (
+        "layerwise_rates",
+        ["LAYER_DECAY = 0.7"],
+        "layer i's updates scaled by 0.7^(n-1-i)",
+    ),
+    "feature extraction": (
+        "feature_extraction",
+        [],
+        "frozen encoder and embedding, pretrained decoder trains",
+    ),
+    "new decoder": (
+        "feature_extraction_new_decoder",
+        [],
+        "frozen encoder, re-initialized decoder trains",
+    ),
     "LoRA r=8": ("lora", ["LORA_RANK = 8"], "rank-8 updates of the attention query and value"),
-    "prompt tuning": ("prompt_tuning", ["PROMPT_LENGTH = 20"],
-                      "20 learned input vectors, everything else frozen"),
+    "prompt tuning": (
+        "prompt_tuning",
+        ["PROMPT_LENGTH = 20"],
+        "20 learned input vectors, everything else frozen",
+    ),
 }
 
 
 def run_method(name: str, demo: str, steps: int, out_dir: str) -> dict:
     method, bindings, _ = METHODS[name]
     model_dir = os.path.join(out_dir, name.replace(" ", "_").replace("=", ""))
-    command = [sys.executable, "-m", "t2t.cli", "train",
-               "--gin_file=gin/experiments/tiny_builtin_finetune.gin"]
+    command = [
+        sys.executable,
+        "-m",
+        "t2t.cli",
+        "train",
+        "--gin_file=gin/experiments/tiny_builtin_finetune.gin",
+    ]
     if method:
         command.append(f"--gin_file=gin/finetuning/{method}.gin")
     half = max(steps // 2, 1)
-    flags = [f"INIT_CHECKPOINT='{demo}'", f"MODEL_DIR='{model_dir}'", f"TRAIN_STEPS={steps}",
-             f"t2t.runs.train.eval_every={half}", f"t2t.runs.train.checkpoint_every={half}",
-             "t2t.runs.train.num_predictions=0", "t2t.runs.train.progress=False",
-             *[b.format(half=half).replace(" = ", "=") for b in bindings]]
+    flags = [
+        f"INIT_CHECKPOINT='{demo}'",
+        f"MODEL_DIR='{model_dir}'",
+        f"TRAIN_STEPS={steps}",
+        f"t2t.runs.train.eval_every={half}",
+        f"t2t.runs.train.checkpoint_every={half}",
+        "t2t.runs.train.num_predictions=0",
+        "t2t.runs.train.progress=False",
+        *[b.format(half=half).replace(" = ", "=") for b in bindings],
+    ]
     command += [f"--gin.{flag}" for flag in flags]
     print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(command[3:])}", flush=True)
     start = time.perf_counter()
@@ -64,8 +93,13 @@ def run_method(name: str, demo: str, steps: int, out_dir: str) -> dict:
     seconds = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    return {"method": name, "gin": method, "bindings": bindings, "seconds": seconds,
-            **_results(model_dir)}
+    return {
+        "method": name,
+        "gin": method,
+        "bindings": bindings,
+        "seconds": seconds,
+        **_results(model_dir),
+    }
 
 
 def _results(model_dir: str) -> dict:
@@ -76,29 +110,36 @@ def _results(model_dir: str) -> dict:
     evals = reporting.read_scalars(os.path.join(model_dir, "eval"))
     accuracy = dict(evals[METRIC])
     trained = ModelDir(model_dir).metadata()["finetuning"]
-    return {"accuracy_by_step": accuracy, "final_accuracy": accuracy[max(accuracy)],
-            "best_accuracy": max(accuracy.values()),
-            "trainable_parameters": trained["trainable_parameters"],
-            "total_parameters": trained["total_parameters"],
-            "trainable_fraction": trained["trainable_fraction"]}
+    return {
+        "accuracy_by_step": accuracy,
+        "final_accuracy": accuracy[max(accuracy)],
+        "best_accuracy": max(accuracy.values()),
+        "trainable_parameters": trained["trainable_parameters"],
+        "total_parameters": trained["total_parameters"],
+        "trainable_fraction": trained["trainable_fraction"],
+    }
 
 
 def markdown(results: dict) -> str:
     majority = results.get("majority_baseline") or majority_baseline()
-    lines = [f"Fine-tuning the demo checkpoint on builtin_package for {results['steps']} steps "
-             f"(batch 32); accuracy (%) on the {results['validation_examples']}-example "
-             "validation split (at steps 100 and 200: the end, and the better of the two); "
-             f"always answering the most frequent package scores {majority:.1f}; wall time of "
-             "the whole `t2t train` process (start-up, compile, training, two evaluations); "
-             f"{results['machine']}.", "",
-             "| method | what trains | parameters trained | accuracy at the end | best | wall "
-             "time |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"Fine-tuning the demo checkpoint on builtin_package for {results['steps']} steps "
+        f"(batch 32); accuracy (%) on the {results['validation_examples']}-example "
+        "validation split (at steps 100 and 200: the end, and the better of the two); "
+        f"always answering the most frequent package scores {majority:.1f}; wall time of "
+        "the whole `t2t train` process (start-up, compile, training, two evaluations); "
+        f"{results['machine']}.",
+        "",
+        "| method | what trains | parameters trained | accuracy at the end | best | wall time |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in results["runs"]:
         share = row["trainable_fraction"]
         lines.append(
             f"| {row['method']} | {METHODS[row['method']][2]} | "
             f"{row['trainable_parameters']:,} ({share:.1%}) | {row['final_accuracy']:.1f} | "
-            f"{row['best_accuracy']:.1f} | {row['seconds'] / 60:.1f} min |")
+            f"{row['best_accuracy']:.1f} | {row['seconds'] / 60:.1f} min |"
+        )
     return "\n".join(lines)
 
 
@@ -117,13 +158,18 @@ def main(argv=None) -> int:
     if not os.path.isdir(os.path.join(ROOT, args.demo, "checkpoints")):
         print(f"No pretrained checkpoint in {args.demo}: run `make demo` first.", file=sys.stderr)
         return 2
-    runs = [run_method(name, args.demo, args.steps, args.out_dir)
-            for name in args.methods.split(",")]
-    results = {"steps": args.steps, "runs": runs, "validation_examples": _validation_size(),
-               "majority_baseline": majority_baseline(),
-               "machine": f"{os.cpu_count()} CPU cores ({platform.processor() or 'x86_64'}), "
-                          "one run at a time",
-               "command": "python studies/finetuning_methods.py " + " ".join(argv or sys.argv[1:])}
+    runs = [
+        run_method(name, args.demo, args.steps, args.out_dir) for name in args.methods.split(",")
+    ]
+    results = {
+        "steps": args.steps,
+        "runs": runs,
+        "validation_examples": _validation_size(),
+        "majority_baseline": majority_baseline(),
+        "machine": f"{os.cpu_count()} CPU cores ({platform.processor() or 'x86_64'}), "
+        "one run at a time",
+        "command": "python studies/finetuning_methods.py " + " ".join(argv or sys.argv[1:]),
+    }
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS + ".json", "w") as f:
         json.dump(results, f, indent=1)

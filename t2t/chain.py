@@ -65,13 +65,16 @@ class Stage:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise ValueError(f"A stage name is a directory name (letters, digits, _.-), got "
-                             f"{self.name!r}.")
+            raise ValueError(
+                f"A stage name is a directory name (letters, digits, _.-), got {self.name!r}."
+            )
         for field in ("gin_files", "bindings"):
             value = getattr(self, field)
             if isinstance(value, str):
-                raise TypeError(f"Stage {self.name!r}: {field} must be a list, got the string "
-                                f"{value!r}; write [{value!r}].")
+                raise TypeError(
+                    f"Stage {self.name!r}: {field} must be a list, got the string "
+                    f"{value!r}; write [{value!r}]."
+                )
             object.__setattr__(self, field, tuple(value))
         if not self.gin_files:
             raise ValueError(f"Stage {self.name!r} names no gin file.")
@@ -90,8 +93,10 @@ def stages_from(specs: Sequence[Stage | Mapping[str, Any]]) -> list[Stage]:
             continue
         unknown = sorted(set(spec) - {f.name for f in dataclasses.fields(Stage)})
         if unknown:
-            raise ValueError(f"Stage {spec.get('name', spec)!r} has unknown keys {unknown}; a "
-                             "stage has name, gin_files, bindings, select, directory.")
+            raise ValueError(
+                f"Stage {spec.get('name', spec)!r} has unknown keys {unknown}; a "
+                "stage has name, gin_files, bindings, select, directory."
+            )
         stages.append(Stage(**spec))
     names = [s.name for s in stages]
     if not stages or len(set(names)) != len(names):
@@ -133,11 +138,16 @@ def run(
     previous = init_checkpoint
     for stage in chain:
         directory = stage.directory or os.path.join(model_dir, stage.name)
-        stage_bindings = _stage_bindings(stage, directory, previous, per_stage[stage.name],
-                                         search_paths)
-        record = {"name": stage.name, "model_dir": directory, "init_checkpoint": previous,
-                  "selection": stage.selection(directory),
-                  "command": command_line(stage.gin_files, stage_bindings)}
+        stage_bindings = _stage_bindings(
+            stage, directory, previous, per_stage[stage.name], search_paths
+        )
+        record = {
+            "name": stage.name,
+            "model_dir": directory,
+            "init_checkpoint": previous,
+            "selection": stage.selection(directory),
+            "command": command_line(stage.gin_files, stage_bindings),
+        }
         if dry_run:  # parsed all the same, so a broken stage shows before anything runs
             runs.configure(stage.gin_files, stage_bindings, search_paths)
             print(record["command"], flush=True)
@@ -145,11 +155,15 @@ def run(
             runs.configure(stage.gin_files, stage_bindings, search_paths)
             record["skipped"] = _finished(directory)
             if record["skipped"]:
-                print(f"chain: stage {stage.name!r} is finished in {directory}; skipped",
-                      flush=True)
+                print(
+                    f"chain: stage {stage.name!r} is finished in {directory}; skipped", flush=True
+                )
             else:
-                print(f"chain: stage {stage.name!r} -> {directory}"
-                      + (f" (from {previous})" if previous else ""), flush=True)
+                print(
+                    f"chain: stage {stage.name!r} -> {directory}"
+                    + (f" (from {previous})" if previous else ""),
+                    flush=True,
+                )
                 runs.train()
             from t2t.trainer import init
 
@@ -175,8 +189,13 @@ def _split_bindings(bindings: Sequence[str], names: Sequence[str]) -> dict[str, 
     return result
 
 
-def _stage_bindings(stage: Stage, directory: str, previous: str | None,
-                    common: Sequence[str], search_paths: Sequence[str]) -> list[str]:
+def _stage_bindings(
+    stage: Stage,
+    directory: str,
+    previous: str | None,
+    common: Sequence[str],
+    search_paths: Sequence[str],
+) -> list[str]:
     """The stage's bindings: its directory and start, its own, the chain's, and the selection
     metric added to what its files keep as best checkpoints."""
     from t2t import runs
@@ -187,8 +206,9 @@ def _stage_bindings(stage: Stage, directory: str, previous: str | None,
     result += [*stage.bindings, *common]
     if stage.select != "last":
         runs.configure(stage.gin_files, result, search_paths, finalize=False)
-        bound = dict(gin.get_bindings("t2t.runs.train", resolve_references=False).get(
-            "best_metrics") or {})
+        bound = dict(
+            gin.get_bindings("t2t.runs.train", resolve_references=False).get("best_metrics") or {}
+        )
         if stage.select not in bound:
             from t2t.evaluation import higher_is_better
 
@@ -230,7 +250,7 @@ def command_line(gin_files: Sequence[str], bindings: Sequence[str]) -> str:
     parts = ["t2t", "train", *[f"--gin_file={f}" for f in gin_files]]
     for binding in bindings:
         if binding.startswith("import "):  # a gin import line: the module to import first
-            parts.append(f"--import={binding[len('import '):].strip()}")
+            parts.append(f"--import={binding[len('import ') :].strip()}")
             continue
         name, value = (part.strip() for part in binding.split("=", 1))
         parts.append(f"--gin.{name}={value}")

@@ -120,8 +120,10 @@ class DecodingConfig:
             raise ValueError(f"Expected min_length to be an int >= 0, got {self.min_length!r}.")
         _validate_sampling(self.temperature, self.top_k, self.top_p, None)
         if self.kernel_first_steps not in (None, True, False):
-            raise ValueError("Expected kernel_first_steps None (decide per decode), True or "
-                             f"False, got {self.kernel_first_steps!r}.")
+            raise ValueError(
+                "Expected kernel_first_steps None (decide per decode), True or "
+                f"False, got {self.kernel_first_steps!r}."
+            )
 
     def uses_kernel_first_steps(self, rows: int) -> bool:
         """Whether a decode whose steps have `rows` rows (batch x beams, the whole batch's
@@ -334,7 +336,11 @@ def _decode_loop(
         cache=cache,
     )
     final = _run_phases(
-        cond, body, initial, max_decode_length=max_decode_length, resize_cache=resize_cache,
+        cond,
+        body,
+        initial,
+        max_decode_length=max_decode_length,
+        resize_cache=resize_cache,
         first_cache_length=first_cache_length,
     )
     return final.sequences
@@ -373,10 +379,17 @@ def greedy(
       [B, T] int32 tokens; each row ends at its EOS, zeros after.
     """
     return _decode_loop(
-        tokens_to_logits, cache, lambda logits, step: _argmax(logits),
-        max_decode_length=max_decode_length, eos_id=eos_id, min_length=min_length,
-        start_tokens=start_tokens, prompt=prompt, prompt_lengths=prompt_lengths,
-        resize_cache=resize_cache, first_cache_length=first_cache_length,
+        tokens_to_logits,
+        cache,
+        lambda logits, step: _argmax(logits),
+        max_decode_length=max_decode_length,
+        eos_id=eos_id,
+        min_length=min_length,
+        start_tokens=start_tokens,
+        prompt=prompt,
+        prompt_lengths=prompt_lengths,
+        resize_cache=resize_cache,
+        first_cache_length=first_cache_length,
     )
 
 
@@ -462,10 +475,17 @@ def sample(
         return jax.random.categorical(jax.random.fold_in(rng, step), logits, axis=-1)
 
     return _decode_loop(
-        tokens_to_logits, cache, choose,
-        max_decode_length=max_decode_length, eos_id=eos_id, min_length=min_length,
-        start_tokens=start_tokens, prompt=prompt, prompt_lengths=prompt_lengths,
-        resize_cache=resize_cache, first_cache_length=first_cache_length,
+        tokens_to_logits,
+        cache,
+        choose,
+        max_decode_length=max_decode_length,
+        eos_id=eos_id,
+        min_length=min_length,
+        start_tokens=start_tokens,
+        prompt=prompt,
+        prompt_lengths=prompt_lengths,
+        resize_cache=resize_cache,
+        first_cache_length=first_cache_length,
     )
 
 
@@ -544,7 +564,8 @@ def _copy_cache_rows(old: Cache, new: Cache, sources: jax.Array) -> Cache:
     paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(new)
     new_leaves = [leaf for _, leaf in paths_and_leaves]
     changed = [
-        i for i, (path, leaf) in enumerate(paths_and_leaves)
+        i
+        for i, (path, leaf) in enumerate(paths_and_leaves)
         if leaf is not old_leaves[i] and not _is_shared(path)
     ]
 
@@ -729,12 +750,21 @@ def beam_search(
 
     def body(state: _BeamState) -> _BeamState:
         return _beam_step(
-            state, tokens_to_logits, alpha=alpha, max_decode_length=max_decode_length,
-            eos_id=eos_id, min_length=min_length, rule=rule,
+            state,
+            tokens_to_logits,
+            alpha=alpha,
+            max_decode_length=max_decode_length,
+            eos_id=eos_id,
+            min_length=min_length,
+            rule=rule,
         )
 
     final = _run_phases(
-        cond, body, initial, max_decode_length=max_decode_length, resize_cache=resize_cache,
+        cond,
+        body,
+        initial,
+        max_decode_length=max_decode_length,
+        resize_cache=resize_cache,
         first_cache_length=first_cache_length,
     )
     if rule == "hf":
@@ -744,8 +774,10 @@ def beam_search(
     order = jnp.argsort(-final.alive_log_probs, axis=1)
     live_seqs = _take_beams(final.alive_seqs, order)
     live_scores = _take_beams(final.alive_log_probs, order)
-    return (jnp.where(none_finished[:, None, None], live_seqs, final.finished_seqs),
-            jnp.where(none_finished[:, None], live_scores, final.finished_scores))
+    return (
+        jnp.where(none_finished[:, None, None], live_seqs, final.finished_seqs),
+        jnp.where(none_finished[:, None], live_scores, final.finished_scores),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

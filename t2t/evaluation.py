@@ -87,8 +87,9 @@ class Evaluator:
         from t2t.data import tf_setup
 
         tf_setup.hide_accelerators_from_tensorflow()
-        names = ([mixtures_or_tasks] if isinstance(mixtures_or_tasks, str)
-                 else list(mixtures_or_tasks))
+        names = (
+            [mixtures_or_tasks] if isinstance(mixtures_or_tasks, str) else list(mixtures_or_tasks)
+        )
         if not names:
             raise ValueError("Expected at least one task or mixture name to evaluate.")
         if log_predictions and not log_dir:
@@ -102,8 +103,10 @@ class Evaluator:
             _one_name(names),
             model.feature_converter(pack=False, for_inference=True, count_trimmed=True),
             eval_split=split,
-            sequence_length=task_feature_lengths, num_examples=num_examples,
-            logger_cls=(seqio.loggers.JSONLogger,) if log_predictions else (), log_dir=log_dir,
+            sequence_length=task_feature_lengths,
+            num_examples=num_examples,
+            logger_cls=(seqio.loggers.JSONLogger,) if log_predictions else (),
+            log_dir=log_dir,
             async_compute_metrics=False,
         )
         self.task_names = [task.name for task in self._seqio.eval_tasks]
@@ -126,8 +129,9 @@ class Evaluator:
         params_predict = lambda dataset, *_: self._predict(params, dataset)  # noqa: E731
         params_score = lambda dataset, *_: self._score(params, dataset)  # noqa: E731
         flat: dict[str, float] = {}
-        future, _ = self._seqio.evaluate(compute_metrics=True, step=int(step),
-                                         predict_fn=params_predict, score_fn=params_score)
+        future, _ = self._seqio.evaluate(
+            compute_metrics=True, step=int(step), predict_fn=params_predict, score_fn=params_score
+        )
         for task, values in future.result().items():
             for name, value in values.items():
                 number = _scalar(value)
@@ -164,19 +168,29 @@ class Evaluator:
         evaluated split, sorted, zero-padded: the labels rank classification chooses from."""
         if task not in self._candidates:
             _, examples = _enumerated(self._seqio.cached_model_datasets[task])
-            labels = sorted({tuple(int(t) for t, w in zip(
-                example["decoder_target_tokens"], example["decoder_loss_weights"]) if w > 0)
-                for example in examples})
+            labels = sorted(
+                {
+                    tuple(
+                        int(t)
+                        for t, w in zip(
+                            example["decoder_target_tokens"], example["decoder_loss_weights"]
+                        )
+                        if w > 0
+                    )
+                    for example in examples
+                }
+            )
             if len(labels) > MAX_CANDIDATES:
                 raise ValueError(
                     f"Rank classification of {task!r}: its {self.split} split has "
                     f"{len(labels)} distinct targets, more than {MAX_CANDIDATES}; it is not a "
                     "classification task. Decode it instead (leave it out of "
-                    "rank_classification).")
+                    "rank_classification)."
+                )
             width = max(map(len, labels))
             table = np.zeros((len(labels), width), np.int32)
             for row, label in enumerate(labels):
-                table[row, :len(label)] = label
+                table[row, : len(label)] = label
             self._candidates[task] = table
         return self._candidates[task]
 
@@ -205,8 +219,10 @@ def _rank_tasks(choice: bool | Sequence[str], tasks: Sequence[str]) -> frozenset
     named = [choice] if isinstance(choice, str) else list(choice)
     unknown = sorted(set(named) - set(tasks))
     if unknown:
-        raise ValueError(f"rank_classification names {unknown}, which are not evaluated here; "
-                         f"the evaluated tasks are {list(tasks)}.")
+        raise ValueError(
+            f"rank_classification names {unknown}, which are not evaluated here; "
+            f"the evaluated tasks are {list(tasks)}."
+        )
     return frozenset(named)
 
 
@@ -220,8 +236,9 @@ def _one_name(names: Sequence[str]) -> str:
         return names[0]
     from t2t.data import registry
 
-    tasks = sorted({t.name for n in names
-                    for t in seqio.get_subtasks(registry.get_task_or_mixture(n))})
+    tasks = sorted(
+        {t.name for n in names for t in seqio.get_subtasks(registry.get_task_or_mixture(n))}
+    )
     name = "t2t_eval_" + hashlib.sha1(",".join(tasks).encode()).hexdigest()[:12]
     if name not in seqio.MixtureRegistry.names():
         seqio.MixtureRegistry.add(name, tasks, default_rate=1.0)
@@ -331,9 +348,11 @@ def _best_of_task(by_metric: Mapping[str, Mapping[int, float]]) -> dict[str, Any
 
 def _benchmark_averages(tasks: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
     averages = {}
-    for benchmark, prefix, fn in (("glue", "glue_", metrics.glue_average),
-                                  ("super_glue", "super_glue_", metrics.superglue_average)):
-        scores = {t[len(prefix):]: r["metrics"] for t, r in tasks.items() if t.startswith(prefix)}
+    for benchmark, prefix, fn in (
+        ("glue", "glue_", metrics.glue_average),
+        ("super_glue", "super_glue_", metrics.superglue_average),
+    ):
+        scores = {t[len(prefix) :]: r["metrics"] for t, r in tasks.items() if t.startswith(prefix)}
         if scores:
             try:
                 averages[benchmark] = fn(scores)
@@ -346,8 +365,7 @@ def format_best(best: Mapping[str, Any]) -> str:
     """The `best_checkpoints` report as a table: task, best step, score, metrics there."""
     rows = best["tasks"]
     width = max([len(t) for t in rows] + [4])
-    lines = ["best checkpoint per task",
-             f"  {'task':<{width}}  {'step':>8}  {'score':>7}  metrics"]
+    lines = ["best checkpoint per task", f"  {'task':<{width}}  {'step':>8}  {'score':>7}  metrics"]
     for task, report in rows.items():
         cells = "  ".join(f"{m} {v:.2f}" for m, v in report["metrics"].items())
         step, score = report["best_step"], report["score"]
@@ -400,12 +418,20 @@ def evaluate_model_dir(
     config = directory.config(chosen[-1])
     model = models.model_for(config)
     log_dir = os.path.join(directory.path, "eval")
-    evaluator = Evaluator(model, mixtures_or_tasks, log_dir=log_dir, partitioner=partitioner,
-                          console=console, **evaluator_options)
+    evaluator = Evaluator(
+        model,
+        mixtures_or_tasks,
+        log_dir=log_dir,
+        partitioner=partitioner,
+        console=console,
+        **evaluator_options,
+    )
     for step in chosen:
         if directory.config(step) != config:
-            raise ValueError(f"Checkpoint {step} of {model_dir} has a different network config "
-                             f"from checkpoint {chosen[-1]}; evaluate them separately.")
+            raise ValueError(
+                f"Checkpoint {step} of {model_dir} has a different network config "
+                f"from checkpoint {chosen[-1]}; evaluate them separately."
+            )
         if newest is not None:
             params, newest = newest.params, None
         else:
@@ -415,8 +441,12 @@ def evaluate_model_dir(
     best = evaluator.best()
     if console is not None:
         console(format_best(best))
-    results = {"split": evaluator.split, "tasks": evaluator.task_names,
-               "steps": {str(s): m for s, m in sorted(evaluator.history.items())}, "best": best}
+    results = {
+        "split": evaluator.split,
+        "tasks": evaluator.task_names,
+        "steps": {str(s): m for s, m in sorted(evaluator.history.items())},
+        "best": best,
+    }
     _write_json(output_file or os.path.join(log_dir, RESULTS_FILE), results)
     return results
 
@@ -449,15 +479,26 @@ def evaluate_ensemble(
 
     if len(checkpoints) < 2:
         raise ValueError(f"An ensemble needs two or more checkpoints, got {list(checkpoints)}.")
-    loaded, params = model_dir_lib.load_members(model_dir, list(checkpoints),
-                                                partitioner=partitioner)
-    evaluator = Evaluator(loaded.model, mixtures_or_tasks, partitioner=partitioner,
-                          console=console, **evaluator_options)
+    loaded, params = model_dir_lib.load_members(
+        model_dir, list(checkpoints), partitioner=partitioner
+    )
+    evaluator = Evaluator(
+        loaded.model,
+        mixtures_or_tasks,
+        partitioner=partitioner,
+        console=console,
+        **evaluator_options,
+    )
     flat = evaluator(params, 0)
-    members = [":".join(str(x) for x in model_dir_lib.parse_member(c, model_dir))
-               for c in checkpoints]
-    results = {"split": evaluator.split, "tasks": evaluator.task_names, "members": members,
-               "metrics": flat}
+    members = [
+        ":".join(str(x) for x in model_dir_lib.parse_member(c, model_dir)) for c in checkpoints
+    ]
+    results = {
+        "split": evaluator.split,
+        "tasks": evaluator.task_names,
+        "members": members,
+        "metrics": flat,
+    }
     home = model_dir or model_dir_lib.parse_member(checkpoints[0], None)[0]
     _write_json(output_file or os.path.join(home, "eval", ENSEMBLE_RESULTS_FILE), results)
     return results

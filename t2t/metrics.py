@@ -37,8 +37,8 @@ MetricFn = Callable[[Sequence[Any], Sequence[Any]], dict[str, float]]
 def _check_lengths(targets: Sequence[Any], predictions: Sequence[Any]) -> None:
     if len(targets) != len(predictions):
         raise ValueError(
-                f"Expected as many predictions as targets, got {len(predictions)} predictions for "
-                f"{len(targets)} targets. Pass the predictions of the whole split, in target order."
+            f"Expected as many predictions as targets, got {len(predictions)} predictions for "
+            f"{len(targets)} targets. Pass the predictions of the whole split, in target order."
         )
     if not len(targets):
         raise ValueError("Expected at least one target and prediction, got none.")
@@ -49,14 +49,14 @@ def _class_ids(values: Sequence[Any], what: str) -> np.ndarray:
     array = np.asarray(values)
     if array.dtype.kind not in "iub":
         raise TypeError(
-                f"Expected integer class ids as {what} (use a postprocessor such as "
-                f"string_label_to_class_id), got dtype {array.dtype} (first value {values[0]!r})."
+            f"Expected integer class ids as {what} (use a postprocessor such as "
+            f"string_label_to_class_id), got dtype {array.dtype} (first value {values[0]!r})."
         )
     return array.astype(np.int64)
 
 
 def _binary_invalid_as_wrong(
-        targets: Sequence[Any], predictions: Sequence[Any]
+    targets: Sequence[Any], predictions: Sequence[Any]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns binary targets and predictions where invalid predictions are flipped to wrong.
 
@@ -92,7 +92,7 @@ def accuracy_and_f1(targets: Sequence[int], predictions: Sequence[int]) -> dict[
 
 
 def macro_f1(
-        targets: Sequence[int], predictions: Sequence[int], num_classes: int = 3
+    targets: Sequence[int], predictions: Sequence[int], num_classes: int = 3
 ) -> dict[str, float]:
     """Unweighted mean of the per-class F1 over classes `0..num_classes-1` (CB uses 3 classes).
 
@@ -102,13 +102,13 @@ def macro_f1(
     targets = _class_ids(targets, "targets")
     predictions = _class_ids(predictions, "predictions")
     score = sklearn.metrics.f1_score(
-            targets, predictions, labels=list(range(num_classes)), average="macro", zero_division=0
+        targets, predictions, labels=list(range(num_classes)), average="macro", zero_division=0
     )
     return {"macro_f1": 100.0 * float(score)}
 
 
 def accuracy_and_macro_f1(
-        targets: Sequence[int], predictions: Sequence[int], num_classes: int = 3
+    targets: Sequence[int], predictions: Sequence[int], num_classes: int = 3
 ) -> dict[str, float]:
     """Accuracy and macro-F1 together (the CB metric pair)."""
     return {**accuracy(targets, predictions), **macro_f1(targets, predictions, num_classes)}
@@ -118,7 +118,7 @@ MATTHEWS_INVALID = ("label", "wrong")
 
 
 def matthews_corrcoef(
-        targets: Sequence[int], predictions: Sequence[int], invalid: str = "label"
+    targets: Sequence[int], predictions: Sequence[int], invalid: str = "label"
 ) -> dict[str, float]:
     """Matthews correlation (CoLA), x100.
 
@@ -146,8 +146,8 @@ def _floats(values: Sequence[Any], what: str) -> np.ndarray:
         return np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as error:
         raise TypeError(
-                f"Expected numbers as {what} (use a postprocessor such as string_to_float), got "
-                f"{values[0]!r}..."
+            f"Expected numbers as {what} (use a postprocessor such as string_to_float), got "
+            f"{values[0]!r}..."
         ) from error
 
 
@@ -166,7 +166,7 @@ def spearman_corrcoef(targets: Sequence[float], predictions: Sequence[float]) ->
 
 
 def pearson_and_spearman(
-        targets: Sequence[float], predictions: Sequence[float]
+    targets: Sequence[float], predictions: Sequence[float]
 ) -> dict[str, float]:
     """Both STS-B correlations."""
     return {**pearson_corrcoef(targets, predictions), **spearman_corrcoef(targets, predictions)}
@@ -177,7 +177,7 @@ def _value(item: Any) -> Any:
 
 
 def multirc_f1a_em(
-        targets: Sequence[Mapping[str, Any]], predictions: Sequence[Any]
+    targets: Sequence[Mapping[str, Any]], predictions: Sequence[Any]
 ) -> dict[str, float]:
     """MultiRC F1a (binary F1 over all answer options) and exact match per question.
 
@@ -192,18 +192,18 @@ def multirc_f1a_em(
     _check_lengths(targets, predictions)
     if not all(isinstance(t, Mapping) and {"group", "value"} <= set(t) for t in targets):
         raise TypeError(
-                "Expected MultiRC targets as {'group': question_id, 'value': label} dicts, got "
-                f"{targets[0]!r}. Use the MultiRC postprocessor that keeps the question id."
+            "Expected MultiRC targets as {'group': question_id, 'value': label} dicts, got "
+            f"{targets[0]!r}. Use the MultiRC postprocessor that keeps the question id."
         )
     values, predicted = _binary_invalid_as_wrong(
-            [t["value"] for t in targets], [_value(p) for p in predictions]
+        [t["value"] for t in targets], [_value(p) for p in predictions]
     )
     all_correct: dict[Any, bool] = collections.defaultdict(lambda: True)
     for target, value, prediction in zip(targets, values, predicted):
         all_correct[target["group"]] &= bool(value == prediction)
     return {
-            "f1a": 100.0 * float(sklearn.metrics.f1_score(values, predicted, zero_division=0)),
-            "exact_match": 100.0 * float(np.mean(list(all_correct.values()))),
+        "f1a": 100.0 * float(sklearn.metrics.f1_score(values, predicted, zero_division=0)),
+        "exact_match": 100.0 * float(np.mean(list(all_correct.values()))),
     }
 
 
@@ -238,7 +238,7 @@ def _answers(target: str | Sequence[str]) -> list[str]:
 
 
 def _qa_em_f1(
-        targets: Sequence[str | Sequence[str]], predictions: Sequence[str]
+    targets: Sequence[str | Sequence[str]], predictions: Sequence[str]
 ) -> dict[str, float]:
     """Exact match and token F1 after normalization, each the max over an example's answers."""
     _check_lengths(targets, predictions)
@@ -251,14 +251,14 @@ def _qa_em_f1(
 
 
 def squad_em_f1(
-        targets: Sequence[str | Sequence[str]], predictions: Sequence[str]
+    targets: Sequence[str | Sequence[str]], predictions: Sequence[str]
 ) -> dict[str, float]:
     """SQuAD exact match and F1 (percent); targets are each example's list of gold answers."""
     return _qa_em_f1(targets, predictions)
 
 
 def record_em_f1(
-        targets: Sequence[str | Sequence[str]], predictions: Sequence[str]
+    targets: Sequence[str | Sequence[str]], predictions: Sequence[str]
 ) -> dict[str, float]:
     """ReCoRD exact match and F1 (percent): SQuAD scoring, max over the gold entity answers."""
     return _qa_em_f1(targets, predictions)
@@ -280,13 +280,19 @@ def bleu(targets: Sequence[str | Sequence[str]], predictions: Sequence[str]) -> 
     num_refs = {len(r) for r in references}
     if len(num_refs) != 1:
         raise ValueError(
-                "Expected the same number of references for every example, got counts "
-                f"{sorted(num_refs)}."
+            "Expected the same number of references for every example, got counts "
+            f"{sorted(num_refs)}."
         )
     streams = [list(stream) for stream in zip(*references)]  # [num_refs][examples]
     score = sacrebleu.corpus_bleu(
-            list(predictions), streams, smooth_method="exp", smooth_value=0.0, force=False,
-            lowercase=False, tokenize="intl", use_effective_order=False,
+        list(predictions),
+        streams,
+        smooth_method="exp",
+        smooth_value=0.0,
+        force=False,
+        lowercase=False,
+        tokenize="intl",
+        use_effective_order=False,
     )
     return {"bleu": float(score.score)}
 
@@ -301,7 +307,7 @@ def _sentence_per_line(summary: str) -> str:
 
 
 def rouge(
-        targets: Sequence[str], predictions: Sequence[str], use_stemmer: bool = False
+    targets: Sequence[str], predictions: Sequence[str], use_stemmer: bool = False
 ) -> dict[str, float]:
     """ROUGE-1/2/L and summary-level L F-measure x100, mean over examples.
 
@@ -324,47 +330,46 @@ def rouge(
 # benchmark score the unweighted mean over groups. MNLI's matched and mismatched accuracies form
 # one group; WNLI is left out of GLUE.
 GLUE_GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
-        "cola": (("cola", "matthews_corrcoef"),),
-        "sst2": (("sst2", "accuracy"),),
-        "mrpc": (("mrpc", "accuracy"), ("mrpc", "f1")),
-        "stsb": (("stsb", "pearson_corrcoef"), ("stsb", "spearman_corrcoef")),
-        "qqp": (("qqp", "accuracy"), ("qqp", "f1")),
-        "mnli": (("mnli_matched", "accuracy"), ("mnli_mismatched", "accuracy")),
-        "qnli": (("qnli", "accuracy"),),
-        "rte": (("rte", "accuracy"),),
+    "cola": (("cola", "matthews_corrcoef"),),
+    "sst2": (("sst2", "accuracy"),),
+    "mrpc": (("mrpc", "accuracy"), ("mrpc", "f1")),
+    "stsb": (("stsb", "pearson_corrcoef"), ("stsb", "spearman_corrcoef")),
+    "qqp": (("qqp", "accuracy"), ("qqp", "f1")),
+    "mnli": (("mnli_matched", "accuracy"), ("mnli_mismatched", "accuracy")),
+    "qnli": (("qnli", "accuracy"),),
+    "rte": (("rte", "accuracy"),),
 }
 SUPERGLUE_GROUPS: dict[str, tuple[tuple[str, str], ...]] = {
-        "boolq": (("boolq", "accuracy"),),
-        "cb": (("cb", "accuracy"), ("cb", "macro_f1")),
-        "copa": (("copa", "accuracy"),),
-        "multirc": (("multirc", "f1a"), ("multirc", "exact_match")),
-        "record": (("record", "em"), ("record", "f1")),
-        "rte": (("rte", "accuracy"),),
-        "wic": (("wic", "accuracy"),),
-        "wsc": (("wsc", "accuracy"),),
+    "boolq": (("boolq", "accuracy"),),
+    "cb": (("cb", "accuracy"), ("cb", "macro_f1")),
+    "copa": (("copa", "accuracy"),),
+    "multirc": (("multirc", "f1a"), ("multirc", "exact_match")),
+    "record": (("record", "em"), ("record", "f1")),
+    "rte": (("rte", "accuracy"),),
+    "wic": (("wic", "accuracy"),),
+    "wsc": (("wsc", "accuracy"),),
 }
 
 
 def _benchmark_average(
-        scores: Mapping[str, Mapping[str, float]],
-        groups: Mapping[str, tuple[tuple[str, str], ...]],
-        benchmark: str,
+    scores: Mapping[str, Mapping[str, float]],
+    groups: Mapping[str, tuple[tuple[str, str], ...]],
+    benchmark: str,
 ) -> float:
     missing = [
-            f"{task}/{metric}"
-            for members in groups.values()
-            for task, metric in members
-            if metric not in scores.get(task, {})
+        f"{task}/{metric}"
+        for members in groups.values()
+        for task, metric in members
+        if metric not in scores.get(task, {})
     ]
     if missing:
         tasks = sorted({task for members in groups.values() for task, _ in members})
         raise ValueError(
-                f"The {benchmark} average needs every sub-task's metrics; missing {missing}. Pass "
-                f"{{task: {{metric: value}}}} with tasks {tasks}."
+            f"The {benchmark} average needs every sub-task's metrics; missing {missing}. Pass "
+            f"{{task: {{metric: value}}}} with tasks {tasks}."
         )
     group_means = [
-            np.mean([scores[task][metric] for task, metric in members])
-            for members in groups.values()
+        np.mean([scores[task][metric] for task, metric in members]) for members in groups.values()
     ]
     return float(np.mean(group_means))
 

@@ -96,8 +96,13 @@ class BaseModel:
         self._decoding_graphdef = None  # built at the first decode of a scanned model
 
     def feature_converter(
-        self, *, pack: bool = True, has_inputs: bool = True, for_inference: bool = False,
-        count_trimmed: bool = False, trim: bool = True,
+        self,
+        *,
+        pack: bool = True,
+        has_inputs: bool = True,
+        for_inference: bool = False,
+        count_trimmed: bool = False,
+        trim: bool = True,
     ) -> seqio.FeatureConverter:
         """The seqio converter that makes this model's batches: its data contract, the one
         training, evaluation and inference all use.
@@ -118,8 +123,9 @@ class BaseModel:
         architecture = self.config.architecture
         if for_inference and self.config.is_decoder_only:
             architecture = "prefix_lm"
-        return features.feature_converter(architecture, has_inputs=has_inputs, pack=pack,
-                                          count_trimmed=count_trimmed, trim=trim)
+        return features.feature_converter(
+            architecture, has_inputs=has_inputs, pack=pack, count_trimmed=count_trimmed, trim=trim
+        )
 
     def abstract_params(self) -> nnx.State:
         """The parameter tree with `jax.ShapeDtypeStruct` leaves (no memory used)."""
@@ -177,9 +183,13 @@ class BaseModel:
         logits = self._logits(params, batch, rngs)
         targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
         loss, aux = losses.compute_weighted_loss(
-            logits, targets, weights, z_loss=self.z_loss,
+            logits,
+            targets,
+            weights,
+            z_loss=self.z_loss,
             loss_normalizing_factor=self.loss_normalizing_factor,
-            label_smoothing=self.label_smoothing, segment_ids=batch.get("decoder_segment_ids"),
+            label_smoothing=self.label_smoothing,
+            segment_ids=batch.get("decoder_segment_ids"),
         )
         correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
         aux = dict(aux)
@@ -238,25 +248,45 @@ class BaseModel:
         def resize_cache(cache, steps: int):
             return t2t_nn.resize_cache(cache, offset + steps)
 
-        common = dict(max_decode_length=max_decode_length, min_length=config.min_length,
-                      start_tokens=start, resize_cache=resize_cache,
-                      first_cache_length=config.first_cache_length)
+        common = dict(
+            max_decode_length=max_decode_length,
+            min_length=config.min_length,
+            start_tokens=start,
+            resize_cache=resize_cache,
+            first_cache_length=config.first_cache_length,
+        )
         if config.method == "greedy":
             return decoding.greedy(tokens_to_logits, cache, **common), {}
         if config.method == "sample":
             if rng is None:
                 raise ValueError("method='sample' needs rng, a PRNG key.")
-            tokens = decoding.sample(tokens_to_logits, cache, rng, temperature=config.temperature,
-                                     top_k=config.top_k, top_p=config.top_p, **common)
+            tokens = decoding.sample(
+                tokens_to_logits,
+                cache,
+                rng,
+                temperature=config.temperature,
+                top_k=config.top_k,
+                top_p=config.top_p,
+                **common,
+            )
             return tokens, {}
         beams, scores = decoding.beam_search(
-            tokens_to_logits, cache, beam_size=config.beam_size, alpha=config.alpha,
-            rule=config.beam_rule, **common
+            tokens_to_logits,
+            cache,
+            beam_size=config.beam_size,
+            alpha=config.alpha,
+            rule=config.beam_rule,
+            **common,
         )
         return beams[:, 0], {"scores": scores[:, 0], "beams": beams, "beam_scores": scores}
 
-    def predict_batch(self, params: nnx.State | Sequence[nnx.State], batch: Batch,
-                      config: decoding.DecodingConfig | None = None, **kwargs) -> jax.Array:
+    def predict_batch(
+        self,
+        params: nnx.State | Sequence[nnx.State],
+        batch: Batch,
+        config: decoding.DecodingConfig | None = None,
+        **kwargs,
+    ) -> jax.Array:
         """Decodes a batch: -> [B, T] int32 output tokens (EOS-terminated, zeros after).
 
         Args:
@@ -315,9 +345,13 @@ class EncoderDecoderModel(BaseModel):
     def _logits(self, params, batch, rngs):
         _require(batch, ("encoder_input_tokens", "decoder_input_tokens"), "EncoderDecoderModel")
         return self.module(params)(
-            batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-            batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
-            batch.get("encoder_positions"), batch.get("decoder_positions"), rngs=rngs,
+            batch["encoder_input_tokens"],
+            batch["decoder_input_tokens"],
+            batch.get("encoder_segment_ids"),
+            batch.get("decoder_segment_ids"),
+            batch.get("encoder_positions"),
+            batch.get("decoder_positions"),
+            rngs=rngs,
         )
 
     def _default_length(self, batch: Batch) -> int:
@@ -386,8 +420,11 @@ class DecoderOnlyModel(BaseModel):
     def _logits(self, params, batch, rngs):
         _require(batch, ("decoder_input_tokens",), "DecoderOnlyModel")
         return self.module(params)(
-            batch["decoder_input_tokens"], batch.get("decoder_segment_ids"),
-            batch.get("decoder_positions"), self._causal_attention(batch), rngs=rngs,
+            batch["decoder_input_tokens"],
+            batch.get("decoder_segment_ids"),
+            batch.get("decoder_positions"),
+            self._causal_attention(batch),
+            rngs=rngs,
         )
 
     def _default_length(self, batch: Batch) -> int:
@@ -414,7 +451,9 @@ class DecoderOnlyModel(BaseModel):
         # they did in training; decoding restarts at position P with x_P, rewriting its own
         # entry with the same values. Positions after P are hidden until overwritten.
         cache = module.init_cache(
-            prompt, prompt.shape[1] + max_decode_length, prompt_lengths=lengths,
+            prompt,
+            prompt.shape[1] + max_decode_length,
+            prompt_lengths=lengths,
             decoder_causal_attention=self._causal_attention(batch),
         )
         if kernel_first:
@@ -430,8 +469,9 @@ class DecoderOnlyModel(BaseModel):
         width = prompt.shape[1] + candidates.shape[1]
         positions = jnp.arange(width)  # [W + T]
         # Targets: x_1..x_P from the prompt, then the candidate, then padding.
-        inputs = jnp.take_along_axis(prompt, jnp.clip(positions + 1, 0, prompt.shape[1] - 1)[None],
-                                     axis=1)  # [B, W + T]
+        inputs = jnp.take_along_axis(
+            prompt, jnp.clip(positions + 1, 0, prompt.shape[1] - 1)[None], axis=1
+        )  # [B, W + T]
         offset = positions[None, :] - lengths[:, None]  # [B, W + T]
         cand = candidates[:, jnp.clip(offset, 0, candidates.shape[1] - 1)]  # [C, B, W + T]
         cand = jnp.swapaxes(cand, 0, 1)  # [B, C, W + T]
@@ -440,8 +480,9 @@ class DecoderOnlyModel(BaseModel):
         targets = jnp.where(offset[:, None] < candidates.shape[1], targets, 0)
         targets = targets.reshape(num_rows * num_candidates, width)
         weights = jnp.logical_and(~in_prompt, targets.reshape(num_rows, num_candidates, -1) > 0)
-        causal = jnp.repeat((positions[None, :] <= lengths[:, None]).astype(jnp.int32),
-                            num_candidates, axis=0)
+        causal = jnp.repeat(
+            (positions[None, :] <= lengths[:, None]).astype(jnp.int32), num_candidates, axis=0
+        )
         scored = {
             "decoder_target_tokens": targets,
             "decoder_input_tokens": _shift_right(targets),

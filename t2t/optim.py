@@ -100,7 +100,8 @@ STACKED_LAYERS = "layers"
 def _stacked_mask(params: Any) -> Any:
     """A tree like `params`: True for leaves of scanned layers (`.../layers/...`)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: STACKED_LAYERS in param_path(path).split("/"), params)
+        lambda path, _: STACKED_LAYERS in param_path(path).split("/"), params
+    )
 
 
 def _vmapped_leaves(tx: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -311,8 +312,9 @@ def accumulate_gradients(
         (loss, aux), grads = grad_fn(params, microbatch, microbatch_rng)
         w = weight(aux)
         update = (w * loss, jax.tree.map(lambda g: w * g.astype(jnp.float32), grads), aux)
-        loss_sum, grads_sum, aux_sum = jax.tree.map(lambda a, b: (a + b).astype(a.dtype),
-                                                    carry, update)
+        loss_sum, grads_sum, aux_sum = jax.tree.map(
+            lambda a, b: (a + b).astype(a.dtype), carry, update
+        )
         return (loss_sum, split_like_params(grads_sum), aux_sum), None
 
     first = jax.tree.map(lambda x: x[0], microbatches)

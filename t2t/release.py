@@ -91,11 +91,18 @@ def export(
         shutil.copyfile(gin_config, os.path.join(output_dir, model_dir_lib.CONFIG_GIN))
     with open(os.path.join(output_dir, METADATA_FILE), "w") as f:
         f.write(manager_lib.dumps_metadata(metadata))
-    results = _read_results(eval_results or os.path.join(directory.path, "eval", "results.json"),
-                            required=eval_results is not None)
-    card = model_card(config, metadata, num_params=_count(pure), results=results,
-                      has_gin=gin_config is not None,
-                      name=os.path.basename(os.path.abspath(output_dir)))
+    results = _read_results(
+        eval_results or os.path.join(directory.path, "eval", "results.json"),
+        required=eval_results is not None,
+    )
+    card = model_card(
+        config,
+        metadata,
+        num_params=_count(pure),
+        results=results,
+        has_gin=gin_config is not None,
+        name=os.path.basename(os.path.abspath(output_dir)),
+    )
     with open(os.path.join(output_dir, CARD_FILE), "w") as f:
         f.write(card)
     _uniform_modes(output_dir)
@@ -108,12 +115,14 @@ def _check_output_dir(model_dir: str, output_dir: str, overwrite: bool) -> None:
     if target == source or target.startswith(source + os.sep):
         raise ValueError(
             f"The release directory {output_dir} is inside the model directory {model_dir}; "
-            "give --output_dir outside it (a release is a copy meant to be shared).")
+            "give --output_dir outside it (a release is a copy meant to be shared)."
+        )
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
         raise FileExistsError(
             f"The release directory {output_dir} is not empty "
             f"({', '.join(sorted(os.listdir(output_dir))[:5])}...). Give a new or empty "
-            "--output_dir, or pass --overwrite to replace files of the same names.")
+            "--output_dir, or pass --overwrite to replace files of the same names."
+        )
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise FileExistsError(f"--output_dir {output_dir} is a file, not a directory.")
 
@@ -130,9 +139,11 @@ def _uniform_modes(directory: str) -> None:
 
 def _check_architecture(config: TransformerConfig) -> None:
     if config.architecture != "encoder_decoder":
-        kind = {"decoder_only": "a decoder-only language model",
-                "prefix_lm": "a decoder-only prefix LM",
-                "encoder_decoder_shared": "an encoder-decoder sharing its stacks' parameters"}
+        kind = {
+            "decoder_only": "a decoder-only language model",
+            "prefix_lm": "a decoder-only prefix LM",
+            "encoder_decoder_shared": "an encoder-decoder sharing its stacks' parameters",
+        }
         raise ValueError(
             f"This checkpoint is {kind.get(config.architecture, config.architecture)} "
             f"(architecture {config.architecture!r}); T5ForConditionalGeneration holds only the "
@@ -154,8 +165,10 @@ def _piece_names(vocabulary_file: str) -> dict[str, Any]:
             f"{vocabulary_file} has PAD/EOS/UNK ids {ids}; T5 (and HF's T5Tokenizer) need 0, 1 "
             "and 2. Train vocabularies with `t2t vocab`."
         )
-    return {"size": processor.get_piece_size(),
-            **{name: processor.id_to_piece(i) for name, i in ids.items()}}
+    return {
+        "size": processor.get_piece_size(),
+        **{name: processor.id_to_piece(i) for name, i in ids.items()},
+    }
 
 
 def _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata) -> None:
@@ -163,8 +176,12 @@ def _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata) -
 
     tf.io.gfile.copy(vocabulary_file, os.path.join(output_dir, TOKENIZER_FILE), overwrite=True)
     sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]
-    special = {"eos_token": pieces["eos"], "unk_token": pieces["unk"], "pad_token": pieces["pad"],
-               "additional_special_tokens": sentinels}
+    special = {
+        "eos_token": pieces["eos"],
+        "unk_token": pieces["unk"],
+        "pad_token": pieces["pad"],
+        "additional_special_tokens": sentinels,
+    }
     lengths = metadata.get("task_feature_lengths") or {}
     tokenizer_config = {
         "tokenizer_class": "T5Tokenizer",
@@ -172,8 +189,10 @@ def _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata) -
         "model_max_length": int(lengths.get("inputs", 512)),
         **special,
     }
-    for name, value in (("tokenizer_config.json", tokenizer_config),
-                        ("special_tokens_map.json", special)):
+    for name, value in (
+        ("tokenizer_config.json", tokenizer_config),
+        ("special_tokens_map.json", special),
+    ):
         with open(os.path.join(output_dir, name), "w") as f:
             json.dump(value, f, indent=2)
 
@@ -238,10 +257,14 @@ def model_card(
         "| field | value |",
         "|---|---|",
     ]
-    for key, label in (("step", "steps"), ("tokens_seen", "tokens seen"),
-                       ("examples_seen", "examples seen"), ("mixture_or_task", "training data"),
-                       ("task_feature_lengths", "feature lengths"),
-                       ("averaged_steps", "averaged checkpoints")):
+    for key, label in (
+        ("step", "steps"),
+        ("tokens_seen", "tokens seen"),
+        ("examples_seen", "examples seen"),
+        ("mixture_or_task", "training data"),
+        ("task_feature_lengths", "feature lengths"),
+        ("averaged_steps", "averaged checkpoints"),
+    ):
         if metadata.get(key) is not None:
             value = metadata[key]
             if isinstance(value, dict):
@@ -266,15 +289,22 @@ def _metrics_section(results: dict[str, Any] | None) -> list[str]:
         return ["## Evaluation", "", "No `t2t eval` results were found for this run.", ""]
     steps = results.get("steps", {})
     final_step = max(steps, key=int) if steps else None
-    lines = ["## Evaluation", "",
-             f"Split `{results.get('split', 'validation')}`. Best checkpoint per task (as the T5 "
-             f"paper reports results) and the metrics of the last evaluated step ({final_step}).",
-             "", "| task | best step | best metrics | final metrics |", "|---|---|---|---|"]
+    lines = [
+        "## Evaluation",
+        "",
+        f"Split `{results.get('split', 'validation')}`. Best checkpoint per task (as the T5 "
+        f"paper reports results) and the metrics of the last evaluated step ({final_step}).",
+        "",
+        "| task | best step | best metrics | final metrics |",
+        "|---|---|---|---|",
+    ]
     for task, report in results.get("best", {}).get("tasks", {}).items():
         best = ", ".join(f"{m} {v:.2f}" for m, v in report["metrics"].items())
-        final = ", ".join(f"{k.rpartition('/')[2]} {v:.2f}"
-                          for k, v in sorted(steps.get(final_step, {}).items())
-                          if k.rpartition("/")[0] == task)
+        final = ", ".join(
+            f"{k.rpartition('/')[2]} {v:.2f}"
+            for k, v in sorted(steps.get(final_step, {}).items())
+            if k.rpartition("/")[0] == task
+        )
         lines.append(f"| {task} | {report['best_step']} | {best} | {final} |")
     for benchmark, value in results.get("best", {}).get("averages", {}).items():
         lines.append(f"\n{benchmark} average of the best checkpoints: {value:.2f}")

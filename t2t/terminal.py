@@ -59,16 +59,25 @@ def quiet_libraries() -> None:
     import importlib.util
     import logging
 
-    for name, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("TPU_MIN_LOG_LEVEL", "3"),
-                        ("TPU_STDERR_LOG_LEVEL", "3"), ("GRPC_VERBOSITY", "ERROR")):
+    for name, value in (
+        ("TF_CPP_MIN_LOG_LEVEL", "3"),
+        ("TPU_MIN_LOG_LEVEL", "3"),
+        ("TPU_STDERR_LOG_LEVEL", "3"),
+        ("GRPC_VERBOSITY", "ERROR"),
+    ):
         os.environ.setdefault(name, value)
     # libtpu installed (the `tpu` extra, to compile for TPU topologies) on a machine with no TPU
     # makes JAX probe for one and print libtpu's complaints: keep JAX on the other backends.
-    if ("JAX_PLATFORMS" not in os.environ and importlib.util.find_spec("libtpu") is not None
-            and not any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0"))
-            and "TPU_ACCELERATOR_TYPE" not in os.environ):
-        cuda = any(importlib.util.find_spec(m) is not None
-                   for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+    if (
+        "JAX_PLATFORMS" not in os.environ
+        and importlib.util.find_spec("libtpu") is not None
+        and not any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0"))
+        and "TPU_ACCELERATOR_TYPE" not in os.environ
+    ):
+        cuda = any(
+            importlib.util.find_spec(m) is not None
+            for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")
+        )
         os.environ["JAX_PLATFORMS"] = "cuda,cpu" if cuda else "cpu"
     for name in ("absl", "tensorflow", "apache_beam", "jax._src.xla_bridge"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -89,8 +98,7 @@ def quiet_libraries() -> None:
 
 def _own_warnings_only(record) -> bool:
     """Root-logger records below ERROR pass only when t2t logged them (Beam logs on root)."""
-    return (record.levelno >= 40
-            or os.path.abspath(record.pathname).startswith(_T2T_DIR + os.sep))
+    return record.levelno >= 40 or os.path.abspath(record.pathname).startswith(_T2T_DIR + os.sep)
 
 
 def print_traceback(show: bool) -> None:

@@ -55,11 +55,17 @@ def _default_vocabulary_back_to_the_environment():
 # first lets `-n 2 --dist loadfile` start the long files early, so the two workers finish close
 # together instead of one running a long file alone at the end.
 _SLOW_FILES = {
-    "tests/studies/test_study.py": 216, "tests/test_runs.py": 215,
-    "tests/finetuning/test_runs.py": 200, "tests/nn/test_stacking.py": 198,
-    "tests/test_reliability.py": 165, "tests/finetuning/test_chain.py": 144,
-    "tests/test_sharding.py": 99, "tests/test_trainer.py": 93, "tests/test_aot.py": 76,
-    "tests/data/test_tasks.py": 44, "tests/test_wheel.py": 41,
+    "tests/studies/test_study.py": 216,
+    "tests/test_runs.py": 215,
+    "tests/finetuning/test_runs.py": 200,
+    "tests/nn/test_stacking.py": 198,
+    "tests/test_reliability.py": 165,
+    "tests/finetuning/test_chain.py": 144,
+    "tests/test_sharding.py": 99,
+    "tests/test_trainer.py": 93,
+    "tests/test_aot.py": 76,
+    "tests/data/test_tasks.py": 44,
+    "tests/test_wheel.py": 41,
 }
 
 

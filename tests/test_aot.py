@@ -40,10 +40,14 @@ def test_collective_census_counts_results_once():
 
 def test_out_of_memory_messages_of_libtpu_parse():
     # The two forms libtpu's compiler reports (seen compiling for v5e and v4 topologies).
-    first = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
-             "temporaries (251.48G) exceeds available HBM (15.75G).")
-    second = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
-              "space hbm. Used 40.12G of 15.75G hbm. Exceeded hbm capacity by 24.37G.")
+    first = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (251.48G) exceeds available HBM (15.75G)."
+    )
+    second = (
+        "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+        "space hbm. Used 40.12G of 15.75G hbm. Exceeded hbm capacity by 24.37G."
+    )
     gib = 2**30
     assert analysis.parse_out_of_memory(first) == (int(251.48 * gib), int(15.75 * gib))
     assert analysis.parse_out_of_memory(second) == (int(40.12 * gib), int(15.75 * gib))
@@ -102,8 +106,16 @@ def compile_cli(run_gin, *flags):
 
 def test_compile_reports_a_run_that_fits(run_gin, tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert compile_cli(run_gin, "--mesh_shape=2,4", "--sharding_mode=fsdp",
-                       "--device_memory_gib=4", f"--output_json={out}") == 0
+    assert (
+        compile_cli(
+            run_gin,
+            "--mesh_shape=2,4",
+            "--sharding_mode=fsdp",
+            "--device_memory_gib=4",
+            f"--output_json={out}",
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "verdict: fits" in printed and "collectives:" in printed
     report = json.loads(out.read_text())
@@ -119,8 +131,12 @@ def test_compile_reports_a_run_that_fits(run_gin, tmp_path, capsys):
 
 def test_full_remat_costs_a_third_more_flops_under_scan(run_gin, tmp_path):
     out = tmp_path / "report.json"
-    assert compile_cli(run_gin, "--scan_layers", "--remat_policy=full", "--no_decode",
-                       f"--output_json={out}") == 0
+    assert (
+        compile_cli(
+            run_gin, "--scan_layers", "--remat_policy=full", "--no_decode", f"--output_json={out}"
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["run"]["scan_layers"] is True and report["decode"] is None
     # The layers' forward pass runs twice; the logits and loss once: a bit under 4/3.
@@ -129,8 +145,12 @@ def test_full_remat_costs_a_third_more_flops_under_scan(run_gin, tmp_path):
 
 def test_compile_says_what_would_make_a_step_fit(run_gin, tmp_path, capsys):
     out = tmp_path / "report.json"
-    flags = ("--mesh_shape=8,1", "--sharding_mode=tensor_parallel", "--no_decode",
-             f"--output_json={out}")
+    flags = (
+        "--mesh_shape=8,1",
+        "--sharding_mode=tensor_parallel",
+        "--no_decode",
+        f"--output_json={out}",
+    )
     assert compile_cli(run_gin, *flags) == 0  # no limit: measure the step first
     train = json.loads(out.read_text())["train_step"]
     state = sum(train["state_bytes"].values())
@@ -158,14 +178,19 @@ def test_compile_for_tpu_says_how_to_get_libtpu(run_gin, capsys):
     assert "pip install -e '.[tpu]'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                    reason="needs libtpu: pip install -e '.[tpu]'")
+@pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None, reason="needs libtpu: pip install -e '.[tpu]'"
+)
 def test_tiny_model_compiles_for_a_tpu_topology():
     from t2t import aot
 
-    shape = aot.RunShape(tn.get_preset("tiny", dtype="bfloat16", scan_layers=True), 64,
-                         {"inputs": 128, "targets": 32}, mesh_shape=(-1, 2),
-                         sharding_mode="fsdp")
+    shape = aot.RunShape(
+        tn.get_preset("tiny", dtype="bfloat16", scan_layers=True),
+        64,
+        {"inputs": 128, "targets": 32},
+        mesh_shape=(-1, 2),
+        sharding_mode="fsdp",
+    )
     report = aot.compile_run(shape, aot.tpu_target("v5e:2x2"), progress=False)
     assert report.fits is True
     assert report.target["devices"] == 4 and report.target["device_memory_bytes"] > 15 * 2**30

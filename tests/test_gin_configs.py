@@ -38,8 +38,16 @@ def _builtin(builtin_tasks):
 @pytest.fixture(scope="module")
 def hf_directory(tmp_path_factory):
     """A tiny HF T5 directory (random weights, written by the exporter) to fine-tune from."""
-    config = t2t_nn.get_preset("tiny", vocab_size=256, d_model=32, d_ff=64, num_heads=2, d_kv=16,
-                               num_encoder_layers=1, num_decoder_layers=1)
+    config = t2t_nn.get_preset(
+        "tiny",
+        vocab_size=256,
+        d_model=32,
+        d_ff=64,
+        num_heads=2,
+        d_kv=16,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     model = t2t_nn.build(config, nnx.Rngs(params=0))
     directory = str(tmp_path_factory.mktemp("hf_tiny"))
     hf.export_hf(directory, config, nnx.state(model, nnx.Param))
@@ -61,12 +69,19 @@ def test_includes_resolve_beside_importable_directories_of_the_same_name(tmp_pat
 
 
 def test_a_misspelt_macro_binding_is_refused_with_a_suggestion():
-    with pytest.raises(ValueError, match=r"TRAIN_STEP = \.\.\. sets a gin macro that no configuration "
-                       r"refers to .*Did you mean TRAIN_STEPS\?"):
-        _parse(["experiments/tiny_builtin_demo.gin"], ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEP = 10"])
+    with pytest.raises(
+        ValueError,
+        match=r"TRAIN_STEP = \.\.\. sets a gin macro that no configuration "
+        r"refers to .*Did you mean TRAIN_STEPS\?",
+    ):
+        _parse(
+            ["experiments/tiny_builtin_demo.gin"], ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEP = 10"]
+        )
     # Bound macros that the files use (directly, or through another macro) are accepted.
-    _parse(["experiments/tiny_builtin_demo.gin"],
-           ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEPS = 10", "BATCH_SIZE = 4"])
+    _parse(
+        ["experiments/tiny_builtin_demo.gin"],
+        ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEPS = 10", "BATCH_SIZE = 4"],
+    )
     assert gin.query_parameter("t2t.runs.train.train_steps") is not None
     assert gin.query_parameter("%TRAIN_STEPS") == 10
 
@@ -75,7 +90,9 @@ def test_the_four_kinds_are_all_there():
     kinds = {f.split("/")[0] for f in FILES}
     assert kinds >= {"models", "runs", "objectives", "experiments"}
     presets = {os.path.basename(f)[:-4] for f in FILES if f.startswith("models/")}
-    assert presets >= set(t2t_nn.PRESETS), f"presets without a gin file: {set(t2t_nn.PRESETS) - presets}"
+    assert presets >= set(t2t_nn.PRESETS), (
+        f"presets without a gin file: {set(t2t_nn.PRESETS) - presets}"
+    )
     runs_ = {os.path.basename(f)[:-4] for f in FILES if f.startswith("runs/")}
     assert runs_ >= {"pretrain", "finetune", "eval"}
 
@@ -113,9 +130,11 @@ def _train_bindings(name, hf_directory, tmp_path):
         if name == "runs/finetune.gin" or "include 'runs/finetune.gin'" in f.read():
             bindings.append(f"INIT_CHECKPOINT = '{hf_directory}'")
     if name.startswith("runs/"):  # the run files leave the data to an objective or experiment
-        bindings += ["MIXTURE_OR_TASK = 'builtin_package'",
-                     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-                     "import t2t.data.tasks.builtin"]
+        bindings += [
+            "MIXTURE_OR_TASK = 'builtin_package'",
+            "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+            "import t2t.data.tasks.builtin",
+        ]
     _parse(files, bindings)
     return gin.get_bindings("t2t.runs.train")
 
@@ -151,9 +170,10 @@ def test_hf_finetune_takes_the_network_of_the_checkpoint(hf_directory, tmp_path)
     assert bound["init_checkpoint"] == hf_directory
 
 
-@pytest.mark.parametrize("name,function", [("runs/eval.gin", "evaluate"),
-                                           ("runs/infer.gin", "infer"),
-                                           ("runs/export.gin", "export")])
+@pytest.mark.parametrize(
+    "name,function",
+    [("runs/eval.gin", "evaluate"), ("runs/infer.gin", "infer"), ("runs/export.gin", "export")],
+)
 def test_eval_infer_export_files_bind_their_run_function(name, function, tmp_path):
     _parse([name], [f"MODEL_DIR = '{tmp_path}'"])
     bound = gin.get_bindings(f"t2t.runs.{function}")
@@ -166,21 +186,28 @@ def test_finetuning_files_bind_a_method_that_wraps_the_optimizer(name, hf_direct
     additions), its FineTuning, and an optimizer over the real parameters."""
     from t2t.finetuning import FineTuning, depths_of_config
 
-    runs.configure(["runs/finetune.gin", name], [
-        f"MODEL_DIR = '{tmp_path}'", f"INIT_CHECKPOINT = '{hf_directory}'",
-        "MIXTURE_OR_TASK = 'builtin_package'", "import t2t.data.tasks.builtin",
-        "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}"], finalize=True)
+    runs.configure(
+        ["runs/finetune.gin", name],
+        [
+            f"MODEL_DIR = '{tmp_path}'",
+            f"INIT_CHECKPOINT = '{hf_directory}'",
+            "MIXTURE_OR_TASK = 'builtin_package'",
+            "import t2t.data.tasks.builtin",
+            "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+        ],
+        finalize=True,
+    )
     bound = gin.get_bindings("t2t.runs.train")
     method, config = bound["finetuning"], bound["model_config"]
     assert isinstance(method, FineTuning) and not method.is_plain
     params = nnx.state(t2t_nn.build(config, nnx.Rngs(params=0)), nnx.Param)
-    tx = method.wrap(bound["optimizer"](learning_rate=bound["learning_rate"]),
-                     depths_of_config(config))
+    tx = method.wrap(
+        bound["optimizer"](learning_rate=bound["learning_rate"]), depths_of_config(config)
+    )
     updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
     assert jax.tree.structure(updates) == jax.tree.structure(params)
     fraction = method.describe(params)["trainable_fraction"]
-    additions = {"adapters": "adapter_size", "lora": "lora_rank",
-                 "prompt_tuning": "prompt_length"}
+    additions = {"adapters": "adapter_size", "lora": "lora_rank", "prompt_tuning": "prompt_length"}
     stem = os.path.basename(name)[:-4]
     if stem in additions:
         assert additions[stem] in config.additions and fraction < 0.5

@@ -32,8 +32,9 @@ def test_worked_example_from_the_docstring():
     np.testing.assert_allclose(z, [[1e-4 * np.log(4) ** 2] * 2], rtol=1e-6)
     np.testing.assert_allclose(loss[0, 0], np.log(4 / 3) + 1e-4 * np.log(4) ** 2, rtol=1e-6)
     np.testing.assert_allclose(loss[0, 0], 0.2877 + 1.922e-4, rtol=1e-4)
-    total, _ = losses.compute_weighted_loss(logits, targets, jnp.array([[1.0, 0.0]]),
-                                            loss_normalizing_factor="num_total_target_tokens")
+    total, _ = losses.compute_weighted_loss(
+        logits, targets, jnp.array([[1.0, 0.0]]), loss_normalizing_factor="num_total_target_tokens"
+    )
     np.testing.assert_allclose(total, (0.2877 + 1.922e-4) / 2, rtol=1e-4)
 
 
@@ -56,20 +57,27 @@ def test_bfloat16_logits_are_computed_in_float32(batch):
     np.testing.assert_allclose(loss, numpy_token_losses(rounded, targets, 1e-4)[0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", [None, 233472.0, "num_real_target_tokens",
-                                  "num_total_target_tokens"])
+@pytest.mark.parametrize(
+    "mode", [None, 233472.0, "num_real_target_tokens", "num_total_target_tokens"]
+)
 def test_normalizing_modes(batch, mode):
     logits, targets = batch
     weights = (targets > 0).astype(np.float32)
     token_loss, token_z = numpy_token_losses(logits, targets, 1e-4)
-    divisor = {None: 1.0, 233472.0: 233472.0, "num_real_target_tokens": weights.sum(),
-               "num_total_target_tokens": 15.0}[mode]
-    loss, aux = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
-                                             z_loss=1e-4, loss_normalizing_factor=mode)
+    divisor = {
+        None: 1.0,
+        233472.0: 233472.0,
+        "num_real_target_tokens": weights.sum(),
+        "num_total_target_tokens": 15.0,
+    }[mode]
+    loss, aux = losses.compute_weighted_loss(
+        jnp.asarray(logits), jnp.asarray(targets), z_loss=1e-4, loss_normalizing_factor=mode
+    )
     np.testing.assert_allclose(loss, np.sum(token_loss * weights) / divisor, rtol=1e-5)
     np.testing.assert_allclose(aux["z_loss_sum"], np.sum(token_z * weights), rtol=1e-5)
-    np.testing.assert_allclose(aux["cross_ent_sum"], np.sum((token_loss - token_z) * weights),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        aux["cross_ent_sum"], np.sum((token_loss - token_z) * weights), rtol=1e-5
+    )
     assert float(aux["weight_sum"]) == weights.sum() == 9
     # Only a batch-dependent factor is reported (it adds up over microbatches; constants do not).
     if isinstance(mode, str):
@@ -78,34 +86,42 @@ def test_normalizing_modes(batch, mode):
         assert losses.LOSS_DENOMINATOR not in aux
 
 
-@pytest.mark.parametrize("mode", [None, 233472.0, "num_real_target_tokens",
-                                  "num_total_target_tokens"])
+@pytest.mark.parametrize(
+    "mode", [None, 233472.0, "num_real_target_tokens", "num_total_target_tokens"]
+)
 def test_aux_sums_add_up_over_row_splits(batch, mode):
     """The aux of two halves of a batch sum to the aux of the batch; the loss follows from them."""
     logits, targets = batch
     whole_loss, whole = losses.compute_weighted_loss(logits, targets, loss_normalizing_factor=mode)
-    parts = [losses.compute_weighted_loss(logits[rows], targets[rows], loss_normalizing_factor=mode)
-             for rows in (slice(0, 1), slice(1, 3))]
+    parts = [
+        losses.compute_weighted_loss(logits[rows], targets[rows], loss_normalizing_factor=mode)
+        for rows in (slice(0, 1), slice(1, 3))
+    ]
     for key, value in whole.items():
         np.testing.assert_allclose(sum(float(aux[key]) for _, aux in parts), value, rtol=1e-5)
     divisor = whole.get(losses.LOSS_DENOMINATOR, mode or 1.0)
-    np.testing.assert_allclose((whole["cross_ent_sum"] + whole["z_loss_sum"]) / divisor,
-                               whole_loss, rtol=1e-6)
+    np.testing.assert_allclose(
+        (whole["cross_ent_sum"] + whole["z_loss_sum"]) / divisor, whole_loss, rtol=1e-6
+    )
 
 
 def test_no_real_target_token_gives_zero_loss_not_nan(batch):
     logits, targets = batch
     loss, aux = losses.compute_weighted_loss(
-        logits, targets, np.zeros(targets.shape, np.float32),
-        loss_normalizing_factor="num_real_target_tokens")
+        logits,
+        targets,
+        np.zeros(targets.shape, np.float32),
+        loss_normalizing_factor="num_real_target_tokens",
+    )
     assert float(loss) == 0.0 and float(aux[losses.LOSS_DENOMINATOR]) == 0.0
 
 
 def test_explicit_weights_are_used(batch):
     logits, targets = batch
     weights = np.random.RandomState(1).rand(3, 5).astype(np.float32)
-    loss, _ = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
-                                           jnp.asarray(weights), z_loss=0.0)
+    loss, _ = losses.compute_weighted_loss(
+        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), z_loss=0.0
+    )
     expected = np.sum(numpy_token_losses(logits, targets, 0.0)[0] * weights)
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
 
@@ -122,11 +138,17 @@ def test_gradient_equals_one_hot_reference(batch):
 
     def ours(logits):
         return losses.compute_weighted_loss(
-            logits, jnp.asarray(targets), z_loss=1e-4,
-            loss_normalizing_factor="num_real_target_tokens")[0]
+            logits,
+            jnp.asarray(targets),
+            z_loss=1e-4,
+            loss_normalizing_factor="num_real_target_tokens",
+        )[0]
 
-    np.testing.assert_allclose(jax.grad(ours)(jnp.asarray(logits)),
-                               jax.grad(one_hot_reference)(jnp.asarray(logits)), atol=1e-6)
+    np.testing.assert_allclose(
+        jax.grad(ours)(jnp.asarray(logits)),
+        jax.grad(one_hot_reference)(jnp.asarray(logits)),
+        atol=1e-6,
+    )
 
 
 def test_no_one_hot_tensor_in_the_loss_or_its_gradient(batch):
@@ -142,8 +164,10 @@ def test_no_one_hot_tensor_in_the_loss_or_its_gradient(batch):
                 assert jnp.issubdtype(out.aval.dtype, jnp.floating), equation
 
 
-@pytest.mark.parametrize("mode, message", [("num_tokens", "not a known mode"),
-                                           (0.0, "positive number"), (-3, "positive number")])
+@pytest.mark.parametrize(
+    "mode, message",
+    [("num_tokens", "not a known mode"), (0.0, "positive number"), (-3, "positive number")],
+)
 def test_bad_normalizing_factor(batch, mode, message):
     logits, targets = batch
     with pytest.raises(ValueError, match=message):
@@ -173,20 +197,24 @@ def numpy_smoothed_losses(logits, targets, smoothing, z_loss):
 @pytest.mark.parametrize("smoothing", [0.1, 0.3])
 def test_label_smoothing_matches_numpy(batch, smoothing):
     logits, targets = batch
-    got, _ = losses.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets),
-                                              z_loss=1e-4, label_smoothing=smoothing)
+    got, _ = losses.cross_entropy_with_z_loss(
+        jnp.asarray(logits), jnp.asarray(targets), z_loss=1e-4, label_smoothing=smoothing
+    )
     want = numpy_smoothed_losses(logits, targets, smoothing, 1e-4)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # Predicting the smoothed distribution itself scores 0 (z-loss off).
     vocab = logits.shape[-1]
-    perfect = np.log(np.where(np.arange(vocab) == targets[..., None], 1 - smoothing,
-                              smoothing / (vocab - 1)))
-    zero, _ = losses.cross_entropy_with_z_loss(jnp.asarray(perfect, jnp.float32),
-                                               jnp.asarray(targets), label_smoothing=smoothing)
+    perfect = np.log(
+        np.where(np.arange(vocab) == targets[..., None], 1 - smoothing, smoothing / (vocab - 1))
+    )
+    zero, _ = losses.cross_entropy_with_z_loss(
+        jnp.asarray(perfect, jnp.float32), jnp.asarray(targets), label_smoothing=smoothing
+    )
     np.testing.assert_allclose(zero, 0.0, atol=1e-5)
     with pytest.raises(ValueError, match="label_smoothing"):
-        losses.cross_entropy_with_z_loss(jnp.asarray(logits), jnp.asarray(targets),
-                                         label_smoothing=1.0)
+        losses.cross_entropy_with_z_loss(
+            jnp.asarray(logits), jnp.asarray(targets), label_smoothing=1.0
+        )
 
 
 def test_average_per_sequence_matches_numpy(batch):
@@ -195,9 +223,12 @@ def test_average_per_sequence_matches_numpy(batch):
     token, _ = numpy_token_losses(logits, targets, 1e-4)
     # Unpacked: the mean over rows of each row's mean token loss.
     want = np.mean([np.sum(token[r] * weights[r]) / np.sum(weights[r]) for r in range(3)])
-    got, aux = losses.compute_weighted_loss(jnp.asarray(logits), jnp.asarray(targets),
-                                            jnp.asarray(weights),
-                                            loss_normalizing_factor="average_per_sequence")
+    got, aux = losses.compute_weighted_loss(
+        jnp.asarray(logits),
+        jnp.asarray(targets),
+        jnp.asarray(weights),
+        loss_normalizing_factor="average_per_sequence",
+    )
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert float(aux[losses.LOSS_DENOMINATOR]) == pytest.approx(3.0)
     assert float(aux["weight_sum"]) == weights.sum()  # token counts stay token counts
@@ -209,7 +240,11 @@ def test_average_per_sequence_matches_numpy(batch):
             mask = (segments[r] == s) * weights[r]
             per_sequence.append(np.sum(token[r] * mask) / np.sum(mask))
     got, aux = losses.compute_weighted_loss(
-        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights),
-        loss_normalizing_factor="average_per_sequence", segment_ids=jnp.asarray(segments))
+        jnp.asarray(logits),
+        jnp.asarray(targets),
+        jnp.asarray(weights),
+        loss_normalizing_factor="average_per_sequence",
+        segment_ids=jnp.asarray(segments),
+    )
     np.testing.assert_allclose(got, np.mean(per_sequence), rtol=1e-5)
     assert float(aux[losses.LOSS_DENOMINATOR]) == pytest.approx(len(per_sequence)) == 4

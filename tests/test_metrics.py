@@ -88,8 +88,11 @@ def test_correlations_against_scipy():
 
 def test_multirc_f1a_over_all_answers_and_em_per_question():
     targets = [
-        {"group": 0, "value": 1}, {"group": 0, "value": 0}, {"group": 0, "value": 1},
-        {"group": 1, "value": 0}, {"group": 1, "value": 1},
+        {"group": 0, "value": 1},
+        {"group": 0, "value": 0},
+        {"group": 0, "value": 1},
+        {"group": 1, "value": 0},
+        {"group": 1, "value": 1},
         {"group": 2, "value": 1},
     ]
     predictions = [{"value": 1}, {"value": 0}, {"value": 1}, 0, -1, 1]
@@ -147,8 +150,11 @@ def test_bleu_multiple_references():
 def test_rouge_matches_rouge_score_mean(use_stemmer):
     targets = ["the cats are sitting on the mat .", "police said the man was arrested ."]
     predictions = ["a cat sat on the mat .", "the man was arrested by police ."]
-    got = (metrics.rouge(targets, predictions, use_stemmer=True) if use_stemmer
-           else metrics.rouge(targets, predictions))  # the default: no stemming, as the paper
+    got = (
+        metrics.rouge(targets, predictions, use_stemmer=True)
+        if use_stemmer
+        else metrics.rouge(targets, predictions)
+    )  # the default: no stemming, as the paper
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=use_stemmer)
     per_example = [scorer.score(t, p) for t, p in zip(targets, predictions)]
     for name in ("rouge1", "rouge2", "rougeL"):
@@ -172,8 +178,16 @@ def test_rouge_lsum_splits_sentences():
 def test_glue_average_worked_example():
     scores = {
         task: {"accuracy": 80.0, "f1": 80.0, "pearson_corrcoef": 80.0, "spearman_corrcoef": 80.0}
-        for task in ("sst2", "mrpc", "stsb", "qqp", "mnli_matched", "mnli_mismatched", "qnli",
-                     "rte")
+        for task in (
+            "sst2",
+            "mrpc",
+            "stsb",
+            "qqp",
+            "mnli_matched",
+            "mnli_mismatched",
+            "qnli",
+            "rte",
+        )
     }
     scores["cola"] = {"matthews_corrcoef": 40.0}
     scores["mrpc"]["f1"] = 90.0
@@ -183,19 +197,27 @@ def test_glue_average_worked_example():
 
 def test_glue_average_mnli_is_one_group():
     scores = {t: {"accuracy": 50.0} for t in ("sst2", "qnli", "rte", "mnli_matched")}
-    scores.update(mrpc={"accuracy": 50.0, "f1": 50.0}, qqp={"accuracy": 50.0, "f1": 50.0},
-                  stsb={"pearson_corrcoef": 50.0, "spearman_corrcoef": 50.0},
-                  cola={"matthews_corrcoef": 50.0}, mnli_mismatched={"accuracy": 90.0})
+    scores.update(
+        mrpc={"accuracy": 50.0, "f1": 50.0},
+        qqp={"accuracy": 50.0, "f1": 50.0},
+        stsb={"pearson_corrcoef": 50.0, "spearman_corrcoef": 50.0},
+        cola={"matthews_corrcoef": 50.0},
+        mnli_mismatched={"accuracy": 90.0},
+    )
     # Groups: 7 at 50 and MNLI at (50 + 90) / 2 = 70 -> (350 + 70) / 8.
     assert metrics.glue_average(scores) == pytest.approx(52.5)
 
 
 def test_superglue_average_and_missing_metric_error():
     scores = {
-        "boolq": {"accuracy": 60.0}, "cb": {"accuracy": 90.0, "macro_f1": 70.0},
-        "copa": {"accuracy": 60.0}, "multirc": {"f1a": 70.0, "exact_match": 30.0},
-        "record": {"em": 60.0, "f1": 60.0}, "rte": {"accuracy": 60.0},
-        "wic": {"accuracy": 60.0}, "wsc": {"accuracy": 60.0},
+        "boolq": {"accuracy": 60.0},
+        "cb": {"accuracy": 90.0, "macro_f1": 70.0},
+        "copa": {"accuracy": 60.0},
+        "multirc": {"f1a": 70.0, "exact_match": 30.0},
+        "record": {"em": 60.0, "f1": 60.0},
+        "rte": {"accuracy": 60.0},
+        "wic": {"accuracy": 60.0},
+        "wsc": {"accuracy": 60.0},
     }
     # Groups: boolq 60, cb 80, copa 60, multirc 50, record 60, rte 60, wic 60, wsc 60.
     assert metrics.superglue_average(scores) == pytest.approx(490 / 8)

@@ -21,16 +21,27 @@ VOCAB = 48
 def _hf_t5(seed):
     torch.manual_seed(seed)
     config = T5Config(
-        vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2,
-        num_decoder_layers=2, feed_forward_proj="relu", dropout_rate=0.0,
-        tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=VOCAB,
+        d_model=32,
+        d_ff=64,
+        d_kv=8,
+        num_heads=4,
+        num_layers=2,
+        num_decoder_layers=2,
+        feed_forward_proj="relu",
+        dropout_rate=0.0,
+        tie_word_embeddings=True,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
     model = T5ForConditionalGeneration(config).eval()
     with torch.no_grad():  # Spread-out weights: HF's init decodes one repeated token.
         for name, param in model.named_parameters():
             if param.ndim == 2 and "relative" not in name:
-                param.normal_(0.0, (4.0 if name == "shared.weight" else 1.0)
-                              * float(param.shape[-1]) ** -0.5)
+                param.normal_(
+                    0.0, (4.0 if name == "shared.weight" else 1.0) * float(param.shape[-1]) ** -0.5
+                )
     return model
 
 
@@ -66,16 +77,20 @@ def _hf_log_probs(torch_model, inputs, targets):
     """[B, T, V] log-probs of HF's teacher-forced forward pass (labels shifted by HF itself)."""
     labels = torch.tensor(np.where(targets > 0, targets, -100), dtype=torch.long)
     with torch.no_grad():
-        out = torch_model(input_ids=torch.tensor(inputs, dtype=torch.long),
-                          attention_mask=torch.tensor(inputs > 0), labels=labels)
+        out = torch_model(
+            input_ids=torch.tensor(inputs, dtype=torch.long),
+            attention_mask=torch.tensor(inputs > 0),
+            labels=labels,
+        )
     return torch.log_softmax(out.logits, -1).numpy(), float(out.loss)
 
 
 def test_score_batch_is_sum_of_hf_token_log_probs(pair):
     torch_models, model, params = pair
     batch = _batch()
-    log_probs, _ = _hf_log_probs(torch_models[0], batch["encoder_input_tokens"],
-                                 batch["decoder_target_tokens"])
+    log_probs, _ = _hf_log_probs(
+        torch_models[0], batch["encoder_input_tokens"], batch["decoder_target_tokens"]
+    )
     targets, weights = batch["decoder_target_tokens"], batch["decoder_loss_weights"]
     per_token = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
     expected = (per_token * weights).sum(-1)
@@ -113,8 +128,9 @@ def test_loss_fn_matches_hf_loss_and_differentiates(pair):
         model.config, z_loss=0.0, loss_normalizing_factor="num_real_target_tokens"
     )
     batch = _batch(rng_seed=2)
-    log_probs, hf_loss = _hf_log_probs(torch_models[0], batch["encoder_input_tokens"],
-                                       batch["decoder_target_tokens"])
+    log_probs, hf_loss = _hf_log_probs(
+        torch_models[0], batch["encoder_input_tokens"], batch["decoder_target_tokens"]
+    )
     grad_fn = jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))
     (loss, metrics), grads = grad_fn(params[0], batch, None)
     assert float(loss) == pytest.approx(hf_loss, rel=1e-4)
@@ -141,12 +157,19 @@ def _hf_ensemble_greedy(torch_models, inputs, length):
     done = np.zeros(inputs.shape[0], bool)
     with torch.no_grad():
         for _ in range(length):
-            logits = np.mean([
-                m(input_ids=torch.tensor(inputs, dtype=torch.long),
-                  attention_mask=torch.tensor(inputs > 0),
-                  decoder_input_ids=torch.tensor(decoder)).logits[:, -1].numpy()
-                for m in torch_models
-            ], axis=0)
+            logits = np.mean(
+                [
+                    m(
+                        input_ids=torch.tensor(inputs, dtype=torch.long),
+                        attention_mask=torch.tensor(inputs > 0),
+                        decoder_input_ids=torch.tensor(decoder),
+                    )
+                    .logits[:, -1]
+                    .numpy()
+                    for m in torch_models
+                ],
+                axis=0,
+            )
             token = np.where(done, 0, logits.argmax(-1))
             done |= token == 1
             decoder = np.concatenate([decoder, token[:, None]], axis=1)
@@ -183,9 +206,15 @@ def test_kernel_first_steps_decide_per_decode_and_keep_the_tokens(pair):
     batch = {"encoder_input_tokens": _batch(rng_seed=5)["encoder_input_tokens"]}
     for method in ("greedy", "beam"):
         tokens = {
-            flag: jax.jit(functools.partial(model.predict_batch, method=method, beam_size=3,
-                                            max_decode_length=8, kernel_first_steps=flag))(
-                params[0], batch)
+            flag: jax.jit(
+                functools.partial(
+                    model.predict_batch,
+                    method=method,
+                    beam_size=3,
+                    max_decode_length=8,
+                    kernel_first_steps=flag,
+                )
+            )(params[0], batch)
             for flag in (True, False)
         }
         np.testing.assert_array_equal(tokens[True], tokens[False])
@@ -210,8 +239,15 @@ def _redraw(params, seed):
 @pytest.fixture(scope="module", params=["decoder_only", "prefix_lm"])
 def decoder_only(request):
     config = t2t_nn.get_preset(
-        "tiny", architecture=request.param, num_encoder_layers=0, vocab_size=VOCAB, d_model=32,
-        d_ff=64, d_kv=8, num_heads=4, num_decoder_layers=2,
+        "tiny",
+        architecture=request.param,
+        num_encoder_layers=0,
+        vocab_size=VOCAB,
+        d_model=32,
+        d_ff=64,
+        d_kv=8,
+        num_heads=4,
+        num_decoder_layers=2,
     )
     model = models.DecoderOnlyModel(config)
     return model, _redraw(model.init_params(jax.random.PRNGKey(0)), seed=request.param_index)
@@ -227,9 +263,12 @@ def _prefix_lm_rows(prompts, candidate):
         targets[row, : len(sequence)] = sequence
         weights[row, len(prompt) : len(sequence)] = 1
         causal[row, : len(prompt) + 1] = 1
-    return {"decoder_target_tokens": targets,
-            "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-            "decoder_loss_weights": weights, "decoder_causal_attention": causal}
+    return {
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+        "decoder_loss_weights": weights,
+        "decoder_causal_attention": causal,
+    }
 
 
 def test_decoder_only_score_batch_equals_teacher_forced_cached_steps(decoder_only):
@@ -242,7 +281,9 @@ def test_decoder_only_score_batch_equals_teacher_forced_cached_steps(decoder_onl
     def teacher_forced(params, inputs, causal, prompt_length):
         module = model.module(params)
         cache = module.init_cache(
-            inputs, 16, prompt_lengths=prompt_length[None],
+            inputs,
+            16,
+            prompt_lengths=prompt_length[None],
             decoder_causal_attention=causal if model.is_prefix_lm else None,
         )
         total, token = 0.0, inputs[:, prompt_length]
@@ -253,9 +294,12 @@ def test_decoder_only_score_batch_equals_teacher_forced_cached_steps(decoder_onl
         return total
 
     for row, prompt_length in enumerate([4, 2]):
-        total = teacher_forced(params, rows["decoder_input_tokens"][row : row + 1],
-                               rows["decoder_causal_attention"][row : row + 1],
-                               jnp.int32(prompt_length))
+        total = teacher_forced(
+            params,
+            rows["decoder_input_tokens"][row : row + 1],
+            rows["decoder_causal_attention"][row : row + 1],
+            jnp.int32(prompt_length),
+        )
         assert float(got[row]) == pytest.approx(float(total), rel=1e-4, abs=1e-4)
 
 
@@ -287,11 +331,14 @@ def test_clear_errors(pair, decoder_only):
     with pytest.raises(ValueError, match="EncoderDecoderModel"):
         models.EncoderDecoderModel(decoder_only[0].config)
     with pytest.raises(ValueError, match="missing \\['encoder_input_tokens'\\]"):
-        model.predict_batch(params[0], {"inputs": np.zeros((1, 3), np.int32)},
-                            max_decode_length=2)
+        model.predict_batch(params[0], {"inputs": np.zeros((1, 3), np.int32)}, max_decode_length=2)
     with pytest.raises(ValueError, match="method"):
-        model.predict_batch(params[0], {"encoder_input_tokens": np.ones((1, 3), np.int32)},
-                            method="nucleus", max_decode_length=2)
+        model.predict_batch(
+            params[0],
+            {"encoder_input_tokens": np.ones((1, 3), np.int32)},
+            method="nucleus",
+            max_decode_length=2,
+        )
 
 
 def _uncached_step(model, params, width):
@@ -305,8 +352,11 @@ def _uncached_step(model, params, width):
             visible = jnp.arange(width)[None] <= cache["prompt_lengths"][:, None]
             causal = visible.astype(jnp.int32)
         logits = model.module(params)(buffer, decoder_causal_attention=causal)
-        return logits[rows, cache["index"]], {**cache, "tokens": buffer,
-                                              "index": cache["index"] + 1}
+        return logits[rows, cache["index"]], {
+            **cache,
+            "tokens": buffer,
+            "index": cache["index"] + 1,
+        }
 
     return tokens_to_logits
 
@@ -323,13 +373,18 @@ def test_decoder_only_prefilled_cache_equals_uncached_decoding(decoder_only, fir
 
     @jax.jit
     def both(params):
-        cached = model.predict_batch(params, batch, max_decode_length=length,
-                                     first_cache_length=first_cache_length)
+        cached = model.predict_batch(
+            params, batch, max_decode_length=length, first_cache_length=first_cache_length
+        )
         buffer = jnp.pad(batch["decoder_input_tokens"], ((0, 0), (0, length)))
         cache = {"tokens": buffer, "index": lengths, "prompt_lengths": lengths}
         start = jnp.take_along_axis(buffer, lengths[:, None], axis=1)[:, 0]
-        uncached = decoding.greedy(_uncached_step(model, params, width), cache,
-                                   max_decode_length=length, start_tokens=start)
+        uncached = decoding.greedy(
+            _uncached_step(model, params, width),
+            cache,
+            max_decode_length=length,
+            start_tokens=start,
+        )
         return cached, uncached
 
     cached, uncached = both(params)

@@ -141,8 +141,15 @@ def test_constant_is_fine_tuning_rate():
 
 @pytest.mark.parametrize(
     "step, linear, cosine",
-    [(0, 0.0, 0.0), (5, 0.5, 0.5), (10, 1.0, 1.0), (35, 0.75, (1 + math.cos(math.pi / 4)) / 2),
-     (60, 0.5, 0.5), (110, 0.0, 0.0), (200, 0.0, 0.0)],
+    [
+        (0, 0.0, 0.0),
+        (5, 0.5, 0.5),
+        (10, 1.0, 1.0),
+        (35, 0.75, (1 + math.cos(math.pi / 4)) / 2),
+        (60, 0.5, 0.5),
+        (110, 0.0, 0.0),
+        (200, 0.0, 0.0),
+    ],
 )
 def test_warmup_then_decay(step, linear, cosine):
     assert float(optim.warmup_linear_decay(1.0, 10, 110)(step)) == pytest.approx(linear, abs=1e-6)
@@ -290,7 +297,8 @@ class Block(nnx.Module):
     def __init__(self, rngs):
         self.kernel = nnx.Param(
             jax.random.normal(rngs.params(), (4, 3)),
-            sharding_names=(axes.EMBED, axes.MLP), eager_sharding=False,
+            sharding_names=(axes.EMBED, axes.MLP),
+            eager_sharding=False,
         )
         self.scale = nnx.Param(jnp.ones(4), sharding_names=(axes.EMBED,), eager_sharding=False)
 
@@ -304,9 +312,10 @@ class TwoStacks(nnx.Module):
 def toy_loss(params, graphdef):
     model = nnx.merge(graphdef, params)
     x = jnp.arange(4.0)
-    return jnp.sum((x * model.encoder.scale) @ model.encoder.kernel) ** 2 + jnp.sum(
-        (x * model.decoder.scale) @ model.decoder.kernel
-    ) ** 2
+    return (
+        jnp.sum((x * model.encoder.scale) @ model.encoder.kernel) ** 2
+        + jnp.sum((x * model.decoder.scale) @ model.decoder.kernel) ** 2
+    )
 
 
 def train(tx, params, graphdef, steps=2):
@@ -325,10 +334,7 @@ def test_param_labels_by_regex_and_logical_axes():
         (lambda path, names: names == (axes.EMBED,), "norms"),
     ]
     labels = optim.param_labels(params, rules)
-    flat = {
-        param_path(p): v
-        for p, v in jax.tree_util.tree_flatten_with_path(labels)[0]
-    }
+    flat = {param_path(p): v for p, v in jax.tree_util.tree_flatten_with_path(labels)[0]}
     assert flat == {
         "decoder/kernel": "trainable",
         "decoder/scale": "norms",
@@ -388,7 +394,9 @@ def test_importing_the_optimizer_loads_no_network():
     import subprocess
     import sys
 
-    code = ("import sys, t2t.optim; "
-            "print(sorted(m for m in ('t2t.nn', 't2t.partitioning') if m in sys.modules))")
+    code = (
+        "import sys, t2t.optim; "
+        "print(sorted(m for m in ('t2t.nn', 't2t.partitioning') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

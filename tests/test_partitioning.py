@@ -90,8 +90,15 @@ def flat(tree):
 
 @pytest.mark.parametrize(
     "data, model, devices, expected",
-    [(-1, 1, 8, (8, 1)), (-1, 2, 8, (4, 2)), (2, -1, 8, (2, 4)), (2, 4, 8, (2, 4)),
-     (1, 1, 1, (1, 1)), (-1, 1, 1, (1, 1)), (1, -1, 6, (1, 6))],
+    [
+        (-1, 1, 8, (8, 1)),
+        (-1, 2, 8, (4, 2)),
+        (2, -1, 8, (2, 4)),
+        (2, 4, 8, (2, 4)),
+        (1, 1, 1, (1, 1)),
+        (-1, 1, 1, (1, 1)),
+        (1, -1, 6, (1, 6)),
+    ],
 )
 def test_resolve_mesh_shape(data, model, devices, expected):
     assert partitioning.resolve_mesh_shape(data, model, devices) == expected
@@ -135,11 +142,17 @@ def test_every_table_maps_every_logical_name_once(mode):
 
 
 def test_rules_differ_where_the_modes_do():
-    dp, tp, fsdp = (dict(partitioning.logical_axis_rules(m)) for m in
-                    ("data_parallel", "tensor_parallel", "fsdp"))
+    dp, tp, fsdp = (
+        dict(partitioning.logical_axis_rules(m))
+        for m in ("data_parallel", "tensor_parallel", "fsdp")
+    )
     assert all(dp[name] is None for name in axes.PARAM_AXES)
     assert (tp[axes.JOINED_KV], tp[axes.MLP], tp[axes.VOCAB], tp[axes.EMBED]) == (
-        "model", "model", "model", None)
+        "model",
+        "model",
+        "model",
+        None,
+    )
     assert fsdp[axes.EMBED] == "data" and fsdp[axes.ACT_EMBED] is None
     assert dp[axes.ACT_BATCH] == tp[axes.ACT_BATCH] == fsdp[axes.ACT_BATCH] == "data"
 
@@ -342,7 +355,8 @@ def test_sharded_training_step_equals_single_device():
         batch = partitioner.make_global_batch({"tokens": np.asarray(tokens)})
 
         shardings = (
-            partitioner.shardings(params), partitioner.optimizer_shardings(opt_state, params)
+            partitioner.shardings(params),
+            partitioner.optimizer_shardings(opt_state, params),
         )
 
         @jax.jit(in_shardings=(*shardings, None), out_shardings=shardings)
@@ -471,11 +485,24 @@ def test_two_processes_on_localhost_assemble_one_global_batch(tmp_path):
     root = str(Path(__file__).resolve().parents[1])
     procs = []
     for pid in range(2):
-        env = dict(os.environ, PYTHONPATH=root, JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
+        env = dict(
+            os.environ,
+            PYTHONPATH=root,
+            JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(pid),
+        )
         env.pop("XLA_FLAGS", None)
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, cwd=root,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                cwd=root,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = []
     try:
         for proc in procs:
@@ -484,8 +511,12 @@ def test_two_processes_on_localhost_assemble_one_global_batch(tmp_path):
     finally:
         for proc in procs:
             proc.kill()
-    results = sorted(line.split()[1:] for out in outputs for line in out.splitlines()
-                     if line.startswith("RESULT"))
+    results = sorted(
+        line.split()[1:]
+        for out in outputs
+        for line in out.splitlines()
+        if line.startswith("RESULT")
+    )
     assert len(results) == 2, "\n".join(outputs)
     # Each process read its own shard; the global [4, 2] batch sums both: 6 + 46.
     assert results == [["0", "0", "2", "(4,", "2)", "52.0"], ["1", "1", "2", "(4,", "2)", "52.0"]]

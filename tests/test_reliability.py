@@ -23,12 +23,18 @@ from t2t.trainer import loop, reporting
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 SMALL = [
-    "t2t.nn.get_preset.d_model=64", "t2t.nn.get_preset.d_ff=128",
-    "t2t.nn.get_preset.num_heads=2", "t2t.nn.get_preset.d_kv=32",
-    "t2t.nn.get_preset.num_encoder_layers=1", "t2t.nn.get_preset.num_decoder_layers=1",
-    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}", "BATCH_SIZE=8",
-    "t2t.runs.train.progress=False", "t2t.runs.train.num_predictions=0",
-    "t2t.runs.train.log_every=1", "t2t.runs.train.eval_every=None",
+    "t2t.nn.get_preset.d_model=64",
+    "t2t.nn.get_preset.d_ff=128",
+    "t2t.nn.get_preset.num_heads=2",
+    "t2t.nn.get_preset.d_kv=32",
+    "t2t.nn.get_preset.num_encoder_layers=1",
+    "t2t.nn.get_preset.num_decoder_layers=1",
+    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
+    "BATCH_SIZE=8",
+    "t2t.runs.train.progress=False",
+    "t2t.runs.train.num_predictions=0",
+    "t2t.runs.train.log_every=1",
+    "t2t.runs.train.eval_every=None",
     "t2t.runs.train.checkpoint_every=3",
 ]
 
@@ -39,8 +45,14 @@ def _builtin(builtin_tasks):
 
 
 def _argv(model_dir, steps, *extra):
-    return ["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{model_dir}'",
-            *[f"--gin.{b}" for b in SMALL], f"--gin.TRAIN_STEPS={steps}", *extra]
+    return [
+        "train",
+        f"--gin_file={DEMO}",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        *[f"--gin.{b}" for b in SMALL],
+        f"--gin.TRAIN_STEPS={steps}",
+        *extra,
+    ]
 
 
 def _losses(model_dir):
@@ -75,8 +87,12 @@ def runs(tmp_path_factory):
 
 
 def _flip_a_bit(step_dir):
-    files = [os.path.join(r, n) for r, _, names in os.walk(step_dir / "params")
-             if os.path.basename(r) == "d" for n in names]
+    files = [
+        os.path.join(r, n)
+        for r, _, names in os.walk(step_dir / "params")
+        if os.path.basename(r) == "d"
+        for n in names
+    ]
     path = max(files, key=os.path.getsize)
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0x40
@@ -106,9 +122,19 @@ def test_a_flipped_bit_is_found_and_skipped_by_check_infer_and_resume(runs, tmp_
     err = capsys.readouterr().err
     assert "t2t infer: error: The checkpoint of step 6" in err and "Traceback" not in err
 
-    assert cli.main(["eval", f"--model_dir={run}", "--tasks=builtin_package",
-                     "--num_examples=4", "--batch_size=4",
-                     f"--output_file={tmp_path / 'eval.json'}"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                f"--model_dir={run}",
+                "--tasks=builtin_package",
+                "--num_examples=4",
+                "--batch_size=4",
+                f"--output_file={tmp_path / 'eval.json'}",
+            ]
+        )
+        == 0
+    )
     assert "Using step 3" in capsys.readouterr().err
     assert list(json.loads((tmp_path / "eval.json").read_text())["steps"]) == ["3"]
 
@@ -119,8 +145,9 @@ def test_a_flipped_bit_is_found_and_skipped_by_check_infer_and_resume(runs, tmp_
     _assert_same_run(run, runs / "straight")
 
 
-def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(runs, tmp_path, capsys,
-                                                                         monkeypatch):
+def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(
+    runs, tmp_path, capsys, monkeypatch
+):
     from t2t.data import pipeline
 
     run = tmp_path / "run"
@@ -149,8 +176,9 @@ def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(runs, t
     verdict = harness.same(harness.outcome(str(run)), harness.outcome(str(runs / "straight")))
     assert verdict["exact"], verdict
     shutil.rmtree(run / "checkpoints" / "9")
-    assert not harness.same(harness.outcome(str(run)),
-                            harness.outcome(str(runs / "straight")))["exact"]
+    assert not harness.same(harness.outcome(str(run)), harness.outcome(str(runs / "straight")))[
+        "exact"
+    ]
     assert harness.check(str(run)) == {5: "ok", 6: "ok"}  # the last three were kept
 
 
@@ -178,7 +206,8 @@ def _harness():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "fault_injection", os.path.join("benchmarks", "fault_injection.py"))
+        "fault_injection", os.path.join("benchmarks", "fault_injection.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     argv = module.command("/tmp/x", 9, 3)
@@ -199,9 +228,13 @@ HOLDER = textwrap.dedent("""
 
 def test_a_second_train_on_a_busy_directory_stops_at_once_naming_the_first(tmp_path, capsys):
     run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         assert first.stdout.readline().strip() == "held"
         assert cli.main(_argv(run, 3)) == 2
@@ -233,49 +266,71 @@ def _fails(argv, capsys, *expected):
 def test_resuming_with_another_network_or_batch_is_refused(runs, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(runs / "six", run)
-    _fails(_argv(run, 9, "--gin.t2t.nn.get_preset.d_model=32"), capsys,
-           "belongs to another network", "decoder/decoder_norm/scale: (64,) in the "
-           "checkpoint, (32,) here", "INIT_CHECKPOINT")
-    _fails(_argv(run, 9, "--gin.BATCH_SIZE=16"), capsys,
-           "were trained with batch_size 8; this run has 16", "resume with BATCH_SIZE=8")
+    _fails(
+        _argv(run, 9, "--gin.t2t.nn.get_preset.d_model=32"),
+        capsys,
+        "belongs to another network",
+        "decoder/decoder_norm/scale: (64,) in the checkpoint, (32,) here",
+        "INIT_CHECKPOINT",
+    )
+    _fails(
+        _argv(run, 9, "--gin.BATCH_SIZE=16"),
+        capsys,
+        "were trained with batch_size 8; this run has 16",
+        "resume with BATCH_SIZE=8",
+    )
     assert model_dir_lib.ModelDir(run).steps() == [3, 6]  # nothing was written
 
 
 def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, capsys):
     run = tmp_path / "run"
     for value in ("0", "-3"):
-        _fails(_argv(run, value), capsys, "t2t.runs.train.train_steps (the gin macro "
-               f"TRAIN_STEPS) must be a positive int; got {value}")
+        _fails(
+            _argv(run, value),
+            capsys,
+            "t2t.runs.train.train_steps (the gin macro "
+            f"TRAIN_STEPS) must be a positive int; got {value}",
+        )
     _fails(_argv(run, "'forty'"), capsys, "must be a positive int; got 'forty' (str)")
-    _fails(_argv(run, 9, "--gin.t2t.runs.train.log_every=0"), capsys,
-           "t2t.runs.train.log_every must be a positive int; got 0")
+    _fails(
+        _argv(run, 9, "--gin.t2t.runs.train.log_every=0"),
+        capsys,
+        "t2t.runs.train.log_every must be a positive int; got 0",
+    )
     unbalanced = tmp_path / "unbalanced.gin"
-    unbalanced.write_text(f"include '{DEMO.removeprefix('gin/')}'\n"
-                          "t2t.runs.train.log_every = (10\n")
-    _fails(["train", f"--gin_file={unbalanced}"], capsys,
-           f"gin could not parse {unbalanced}", "never closed")
+    unbalanced.write_text(
+        f"include '{DEMO.removeprefix('gin/')}'\nt2t.runs.train.log_every = (10\n"
+    )
+    _fails(
+        ["train", f"--gin_file={unbalanced}"],
+        capsys,
+        f"gin could not parse {unbalanced}",
+        "never closed",
+    )
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    _fails(_argv(a_file / "run", 3), capsys,
-           f"Cannot create the model directory {a_file / 'run'}")
+    _fails(_argv(a_file / "run", 3), capsys, f"Cannot create the model directory {a_file / 'run'}")
     assert not run.exists()
 
 
-def test_export_refuses_non_empty_and_model_directories_and_writes_uniform_modes(runs, tmp_path,
-                                                                               capsys):
+def test_export_refuses_non_empty_and_model_directories_and_writes_uniform_modes(
+    runs, tmp_path, capsys
+):
     source = runs / "straight"
     release = tmp_path / "release"
     release.mkdir()
     (release / "notes.txt").write_text("mine")
     export = ["export", f"--model_dir={source}"]
     _fails([*export, f"--output_dir={release}"], capsys, "is not empty", "--overwrite")
-    _fails([*export, f"--output_dir={source / 'release'}"], capsys,
-           "is inside the model directory")
+    _fails([*export, f"--output_dir={source / 'release'}"], capsys, "is inside the model directory")
     assert not (source / "release").exists()
     assert cli.main([*export, f"--output_dir={release}", "--overwrite"]) == 0
     assert (release / "notes.txt").read_text() == "mine"
-    modes = {name: os.stat(release / name).st_mode & 0o777 for name in os.listdir(release)
-             if name != "notes.txt"}
+    modes = {
+        name: os.stat(release / name).st_mode & 0o777
+        for name in os.listdir(release)
+        if name != "notes.txt"
+    }
     assert len(set(modes.values())) == 1, modes
     assert {"model.safetensors", "spiece.model", "config.json"} <= set(modes)
 
@@ -283,30 +338,57 @@ def test_export_refuses_non_empty_and_model_directories_and_writes_uniform_modes
 def test_inputs_that_are_not_text_and_overlong_inputs(runs, tmp_path, capsys):
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(b'{"inputs": "ok"}\n\xff\xfe\x8f not text\n')
-    _fails(["infer", f"--model_dir={runs / 'straight'}", f"--input_file={binary}",
-            f"--output_file={tmp_path / 'out.jsonl'}"], capsys,
-           f"{binary}:2 is not UTF-8 text")
-    _fails(["vocab", f"--output={tmp_path / 'v.model'}", f"--source={binary}",
-            "--num_pieces=50"], capsys, f"{binary} is not UTF-8 text")
+    _fails(
+        [
+            "infer",
+            f"--model_dir={runs / 'straight'}",
+            f"--input_file={binary}",
+            f"--output_file={tmp_path / 'out.jsonl'}",
+        ],
+        capsys,
+        f"{binary}:2 is not UTF-8 text",
+    )
+    _fails(
+        ["vocab", f"--output={tmp_path / 'v.model'}", f"--source={binary}", "--num_pieces=50"],
+        capsys,
+        f"{binary} is not UTF-8 text",
+    )
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text("{not json")
     (hf / "model.safetensors").write_bytes(b"")
-    _fails(_argv(tmp_path / "from_hf", 3, f"--gin.t2t.runs.train.init_checkpoint='{hf}'"),
-           capsys, f"{hf / 'config.json'} is not valid JSON")
+    _fails(
+        _argv(tmp_path / "from_hf", 3, f"--gin.t2t.runs.train.init_checkpoint='{hf}'"),
+        capsys,
+        f"{hf / 'config.json'} is not valid JSON",
+    )
     # 100k characters of input: cut to the length the model trained with, and said so.
     long = tmp_path / "long.jsonl"
-    long.write_text(json.dumps({"inputs": "import os " * 10_000}) + "\n"
-                    + json.dumps({"inputs": "import os"}) + "\n")
-    assert cli.main(["infer", f"--model_dir={runs / 'straight'}", f"--input_file={long}",
-                     f"--output_file={tmp_path / 'long_out.jsonl'}"]) == 0
-    assert "1 of 2 examples' texts were longer than the feature lengths (inputs 64 tokens" \
+    long.write_text(
+        json.dumps({"inputs": "import os " * 10_000})
+        + "\n"
+        + json.dumps({"inputs": "import os"})
+        + "\n"
+    )
+    assert (
+        cli.main(
+            [
+                "infer",
+                f"--model_dir={runs / 'straight'}",
+                f"--input_file={long}",
+                f"--output_file={tmp_path / 'long_out.jsonl'}",
+            ]
+        )
+        == 0
+    )
+    assert (
+        "1 of 2 examples' texts were longer than the feature lengths (inputs 64 tokens"
         in capsys.readouterr().err
+    )
     assert len((tmp_path / "long_out.jsonl").read_text().splitlines()) == 2
 
 
-def test_another_input_pipeline_is_refused_without_calling_the_checkpoint_damaged(tmp_path,
-                                                                                 capsys):
+def test_another_input_pipeline_is_refused_without_calling_the_checkpoint_damaged(tmp_path, capsys):
     run = tmp_path / "run"
     assert cli.main(_argv(run, 2)) == 0
     capsys.readouterr()

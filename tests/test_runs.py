@@ -20,11 +20,16 @@ from t2t.trainer import loop, reporting
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 FINETUNE = "gin/experiments/tiny_builtin_finetune.gin"
 SMALL = [  # a smaller network and batch than the demo's, same data and objective
-    "t2t.nn.get_preset.d_model = 64", "t2t.nn.get_preset.d_ff = 128",
-    "t2t.nn.get_preset.num_heads = 2", "t2t.nn.get_preset.d_kv = 32",
-    "t2t.nn.get_preset.num_encoder_layers = 1", "t2t.nn.get_preset.num_decoder_layers = 1",
-    "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 16}", "BATCH_SIZE = 8",
-    "t2t.runs.train.progress = False", "t2t.runs.train.num_predictions = 0",
+    "t2t.nn.get_preset.d_model = 64",
+    "t2t.nn.get_preset.d_ff = 128",
+    "t2t.nn.get_preset.num_heads = 2",
+    "t2t.nn.get_preset.d_kv = 32",
+    "t2t.nn.get_preset.num_encoder_layers = 1",
+    "t2t.nn.get_preset.num_decoder_layers = 1",
+    "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 16}",
+    "BATCH_SIZE = 8",
+    "t2t.runs.train.progress = False",
+    "t2t.runs.train.num_predictions = 0",
 ]
 
 
@@ -44,10 +49,15 @@ def _losses(model_dir):
 
 def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     """The demo configuration (shrunk) on 40 steps: from ~ln(vocab) to well below."""
-    argv = ["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{tmp_path}'",
-            *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
-            "--gin.TRAIN_STEPS=40", "--gin.t2t.runs.train.eval_every=40",
-            "--gin.t2t.runs.train.checkpoint_every=40"]
+    argv = [
+        "train",
+        f"--gin_file={DEMO}",
+        f"--gin.MODEL_DIR='{tmp_path}'",
+        *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
+        "--gin.TRAIN_STEPS=40",
+        "--gin.t2t.runs.train.eval_every=40",
+        "--gin.t2t.runs.train.checkpoint_every=40",
+    ]
     code = cli.main(argv)
     assert code == 0
     losses = _losses(tmp_path)
@@ -68,10 +78,17 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
 
 def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
     """A learning rate of 1e30 blows the parameters up in the first step: exit 1, no checkpoint."""
-    code = cli.main(["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{tmp_path}'",
-                     *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
-                     "--gin.TRAIN_STEPS=4", "--gin.t2t.runs.train.checkpoint_every=2",
-                     "--gin.t2t.optim.inverse_sqrt.scale=1e30"])
+    code = cli.main(
+        [
+            "train",
+            f"--gin_file={DEMO}",
+            f"--gin.MODEL_DIR='{tmp_path}'",
+            *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
+            "--gin.TRAIN_STEPS=4",
+            "--gin.t2t.runs.train.checkpoint_every=2",
+            "--gin.t2t.optim.inverse_sqrt.scale=1e30",
+        ]
+    )
     assert code == 1
     err = capsys.readouterr().err
     assert "t2t train: error: Training stopped at step 1: " in err
@@ -102,8 +119,12 @@ KILLED_RUN = textwrap.dedent("""
 
 
 def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
-    settings = ["TRAIN_STEPS = 9", "t2t.runs.train.checkpoint_every = 3",
-                "t2t.runs.train.log_every = 1", "t2t.runs.train.eval_every = None"]
+    settings = [
+        "TRAIN_STEPS = 9",
+        "t2t.runs.train.checkpoint_every = 3",
+        "t2t.runs.train.log_every = 1",
+        "t2t.runs.train.eval_every = None",
+    ]
     straight = tmp_path / "straight"
     _train(straight, *settings)
 
@@ -112,8 +133,13 @@ def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     # SIGKILL while fetching batch 8: step 7 ran, the checkpoint of step 3 is complete and that
     # of step 6 (written in the background) may or may not be; an unfinished one is ignored.
-    killed = subprocess.run([sys.executable, "-c", KILLED_RUN, "8", DEMO, *bindings], env=env,
-                            capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, "8", DEMO, *bindings],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert "3" in os.listdir(resumed / "checkpoints")
 
@@ -121,8 +147,9 @@ def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
     assert summary["first_step"] in (3, 6) and summary["last_step"] == 9
     expected, got = _losses(straight), _losses(resumed)
     assert sorted(got) == sorted(expected) == list(range(1, 10))
-    np.testing.assert_allclose([got[s] for s in range(1, 10)],
-                               [expected[s] for s in range(1, 10)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [got[s] for s in range(1, 10)], [expected[s] for s in range(1, 10)], rtol=1e-6
+    )
 
 
 def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
@@ -137,12 +164,20 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
     monkeypatch.setattr(models.BaseModel, "feature_converter", spy)
     pretrained = tmp_path / "pretrained"
     _train(pretrained, "TRAIN_STEPS = 4", "t2t.runs.train.eval_every = None")
-    runs.configure([FINETUNE], [
-        f"INIT_CHECKPOINT = '{pretrained}'", f"MODEL_DIR = '{tmp_path / 'package'}'",
-        "TRAIN_STEPS = 4", "BATCH_SIZE = 8", "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 8}",
-        "t2t.runs.train.eval_every = 4", "t2t.runs.train.progress = False",
-        "t2t.runs.train.num_predictions = 2", "t2t.runs.seqio_evaluator.num_examples = 16",
-    ])
+    runs.configure(
+        [FINETUNE],
+        [
+            f"INIT_CHECKPOINT = '{pretrained}'",
+            f"MODEL_DIR = '{tmp_path / 'package'}'",
+            "TRAIN_STEPS = 4",
+            "BATCH_SIZE = 8",
+            "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 8}",
+            "t2t.runs.train.eval_every = 4",
+            "t2t.runs.train.progress = False",
+            "t2t.runs.train.num_predictions = 2",
+            "t2t.runs.seqio_evaluator.num_examples = 16",
+        ],
+    )
     summary = runs.train()
     accuracy = summary["eval"]["builtin_package/accuracy"]
     assert 0.0 <= accuracy <= 100.0
@@ -152,8 +187,18 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
     asked.clear()
     source = tmp_path / "in.jsonl"
     source.write_text('{"inputs": "Return the number of items."}\n')
-    assert cli.main(["infer", f"--model_dir={tmp_path / 'package'}", f"--input_file={source}",
-                     f"--output_file={tmp_path / 'out.jsonl'}", "--max_decode_length=4"]) == 0
+    assert (
+        cli.main(
+            [
+                "infer",
+                f"--model_dir={tmp_path / 'package'}",
+                f"--input_file={source}",
+                f"--output_file={tmp_path / 'out.jsonl'}",
+                "--max_decode_length=4",
+            ]
+        )
+        == 0
+    )
     assert asked == ["inference"]
 
 
@@ -214,23 +259,48 @@ def test_two_host_training_ends_with_the_losses_of_one_process(tmp_path):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    settings = [*SMALL, "TRAIN_STEPS=3", "EVAL_TASKS=[]", "t2t.runs.train.log_every=1",
-                "t2t.runs.train.checkpoint_every=3", "t2t.runs.train.eval_every=None"]
+    settings = [
+        *SMALL,
+        "TRAIN_STEPS=3",
+        "EVAL_TASKS=[]",
+        "t2t.runs.train.log_every=1",
+        "t2t.runs.train.checkpoint_every=3",
+        "t2t.runs.train.eval_every=None",
+    ]
 
     def argv(model_dir):
-        return ["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{model_dir}'",
-                *[f"--gin.{b.replace(' = ', '=', 1)}" for b in settings]]
+        return [
+            "train",
+            f"--gin_file={DEMO}",
+            f"--gin.MODEL_DIR='{model_dir}'",
+            *[f"--gin.{b.replace(' = ', '=', 1)}" for b in settings],
+        ]
 
     base = {**os.environ, "PYTHONPATH": os.getcwd()}
     for name in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         base.pop(name, None)
-    hosts = [subprocess.Popen(
-        [sys.executable, "-c", HOST, "1", "shard", *argv(tmp_path / "two_hosts")],
-        env={**base, "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
-             "JAX_PROCESS_ID": str(i)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    one = subprocess.run([sys.executable, "-c", HOST, "2", "emulate", *argv(tmp_path / "one")],
-                         env=base, capture_output=True, text=True, timeout=600)
+    hosts = [
+        subprocess.Popen(
+            [sys.executable, "-c", HOST, "1", "shard", *argv(tmp_path / "two_hosts")],
+            env={
+                **base,
+                "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    one = subprocess.run(
+        [sys.executable, "-c", HOST, "2", "emulate", *argv(tmp_path / "one")],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     outputs = []
     try:
         for host in hosts:
@@ -242,8 +312,9 @@ def test_two_host_training_ends_with_the_losses_of_one_process(tmp_path):
     assert one.returncode == 0, one.stderr[-3000:]
     got, expected = _losses(tmp_path / "two_hosts"), _losses(tmp_path / "one")
     assert sorted(got) == sorted(expected) == [1, 2, 3]
-    np.testing.assert_allclose([got[s] for s in (1, 2, 3)], [expected[s] for s in (1, 2, 3)],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        [got[s] for s in (1, 2, 3)], [expected[s] for s in (1, 2, 3)], rtol=1e-5
+    )
     run_dir = tmp_path / "two_hosts"
     assert (run_dir / loop.LOSS_CURVE_FILE).exists()
     assert not [p for p in os.listdir(run_dir) if ".tmp" in p]

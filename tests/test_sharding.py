@@ -23,9 +23,18 @@ BATCH = 8
 
 
 def config(layers=2, **overrides):
-    return tn.get_preset("tiny", vocab_size=VOCAB, d_model=64, d_ff=96, d_kv=16, num_heads=4,
-                         num_encoder_layers=layers, num_decoder_layers=layers, dropout_rate=0.0,
-                         **overrides)
+    return tn.get_preset(
+        "tiny",
+        vocab_size=VOCAB,
+        d_model=64,
+        d_ff=96,
+        d_kv=16,
+        num_heads=4,
+        num_encoder_layers=layers,
+        num_decoder_layers=layers,
+        dropout_rate=0.0,
+        **overrides,
+    )
 
 
 def forward_program(mode, layers, mesh=(2, 4)):
@@ -34,7 +43,8 @@ def forward_program(mode, layers, mesh=(2, 4)):
     partitioner = partitioning.make_partitioner(*mesh, mode=mode)
     params, _ = programs.abstract_state(model, optim.adafactor(0.01), partitioner)
     batch = programs._abstract_batch(
-        partitioner, programs.batch_shapes("encoder_decoder", LENGTHS, BATCH))
+        partitioner, programs.batch_shapes("encoder_decoder", LENGTHS, BATCH)
+    )
     with partitioner.context():
         lowered = jax.jit(lambda p, b: model.loss_fn(p, b, None)[0]).lower(params, batch)
     return lowered.compile(), lowered.as_text()
@@ -42,7 +52,8 @@ def forward_program(mode, layers, mesh=(2, 4)):
 
 def census(compiled):
     return collections.Counter(
-        {k: v["count"] for k, v in analysis.collective_census(compiled.as_text()).items()})
+        {k: v["count"] for k, v in analysis.collective_census(compiled.as_text()).items()}
+    )
 
 
 def result_dimensions(compiled, kinds):
@@ -58,8 +69,11 @@ def result_dimensions(compiled, kinds):
 @pytest.mark.parametrize("mode", ["tensor_parallel", "fsdp"])
 def test_activation_constraints_reach_the_lowered_program(mode):
     _, text = forward_program(mode, 2)
-    constraints = re.findall(r"sdy.sharding_constraint %\S+ <@mesh, (\[[^>]*\])> : "
-                             r"tensor<([\dx]+)x\w+>", text)
+    constraints = re.findall(
+        r"sdy.sharding_constraint %\S+ <@mesh, (\[[^>]*\])> : "
+        r"tensor<([\dx]+)x\w+>",
+        text,
+    )
     by_shape = collections.defaultdict(set)
     for spec, shape in constraints:
         by_shape[shape].add(spec.replace(" ", ""))
@@ -110,21 +124,29 @@ def train_step_result(partitioner, cfg, batch):
     opt_state = partitioner.init_optimizer(tx, params)
     global_batch = partitioner.make_global_batch(batch)
     _, abstract = partitioner.abstract_model(lambda: tn.build(cfg, nnx.Rngs(params=0)))
-    jitted = steps.jit_train_step(steps.make_train_step(model, tx, num_microbatches=2),
-                                  partitioner, abstract,
-                                  partitioner.abstract_optimizer(tx, abstract), global_batch)
+    jitted = steps.jit_train_step(
+        steps.make_train_step(model, tx, num_microbatches=2),
+        partitioner,
+        abstract,
+        partitioner.abstract_optimizer(tx, abstract),
+        global_batch,
+    )
     with partitioner.context():
-        params, opt_state, metrics = jitted(params, opt_state, global_batch,
-                                            jax.random.PRNGKey(0), np.int32(0))
+        params, opt_state, metrics = jitted(
+            params, opt_state, global_batch, jax.random.PRNGKey(0), np.int32(0)
+        )
     return float(metrics["loss"]), tn.unstack_layers(nnx.to_pure_dict(params))
 
 
 @pytest.mark.parametrize("mode, scan", [("tensor_parallel", False), ("fsdp", True)])
 def test_sharded_train_step_equals_one_device(mode, scan):
     rng = np.random.default_rng(0)
-    batch = {name: rng.integers(1, VOCAB, shape).astype(np.int32)
-             for name, shape in programs.batch_shapes("encoder_decoder", LENGTHS, BATCH,
-                                                      pack=False).items()}
+    batch = {
+        name: rng.integers(1, VOCAB, shape).astype(np.int32)
+        for name, shape in programs.batch_shapes(
+            "encoder_decoder", LENGTHS, BATCH, pack=False
+        ).items()
+    }
     batch["decoder_loss_weights"] = np.ones_like(batch["decoder_loss_weights"])
     batch["decoder_input_tokens"][:, 0] = 0
     cfg = config(2, scan_layers=scan, remat_policy="full" if scan else "none")
@@ -142,8 +164,9 @@ def test_fsdp_needs_no_more_memory_than_data_parallel():
     totals = {}
     for mode, mesh in (("data_parallel", (8, 1)), ("fsdp", (8, 1)), ("fsdp", (2, 4))):
         partitioner = partitioning.make_partitioner(*mesh, mode=mode)
-        result = programs.compile_train_step(models.model_for(cfg), optim.adafactor(0.01),
-                                             partitioner, shapes, progress=False)
+        result = programs.compile_train_step(
+            models.model_for(cfg), optim.adafactor(0.01), partitioner, shapes, progress=False
+        )
         totals[mode, mesh] = analysis.Memory.of(result.compiled)
     data_parallel = totals["data_parallel", (8, 1)]
     for key in (("fsdp", (8, 1)), ("fsdp", (2, 4))):

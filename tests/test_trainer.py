@@ -56,13 +56,22 @@ def _single_device():
 def _trainer(model_dir, partitioner, model=None, learning_rate=1e-2, **kwargs):
     settings = dict(log_every=1, checkpoint_every=100, progress=False, seed=3)
     settings.update(kwargs)
-    return Trainer(model or _model(), optim.adafactor(learning_rate), partitioner,
-                   str(model_dir), SyntheticBatches(), learning_rate=learning_rate, **settings)
+    return Trainer(
+        model or _model(),
+        optim.adafactor(learning_rate),
+        partitioner,
+        str(model_dir),
+        SyntheticBatches(),
+        learning_rate=learning_rate,
+        **settings,
+    )
 
 
 def _leaves(state):
-    return {partitioning.param_path(p): np.asarray(x)
-            for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+    return {
+        partitioning.param_path(p): np.asarray(x)
+        for p, x in jax.tree_util.tree_flatten_with_path(state)[0]
+    }
 
 
 def _assert_close(a, b, atol):
@@ -128,14 +137,19 @@ def test_microbatches_give_the_one_batch_update():
     batch = partitioner.make_global_batch(next(SyntheticBatches(batch_size=8)))
     results = []
     for k in (1, 4):
-        params = nnx.split(partitioner.init_model(
-            lambda: t2t_nn.build(model.config, nnx.Rngs(params=0))))[1]
+        params = nnx.split(
+            partitioner.init_model(lambda: t2t_nn.build(model.config, nnx.Rngs(params=0)))
+        )[1]
         opt_state = partitioner.init_optimizer(tx, params)
-        step = steps.jit_train_step(steps.make_train_step(model, tx, num_microbatches=k),
-                                    partitioner, abstract, abstract_opt, batch)
+        step = steps.jit_train_step(
+            steps.make_train_step(model, tx, num_microbatches=k),
+            partitioner,
+            abstract,
+            abstract_opt,
+            batch,
+        )
         with partitioner.context():
-            params, _, metrics = step(params, opt_state, batch, jax.random.PRNGKey(0),
-                                      np.int32(0))
+            params, _, metrics = step(params, opt_state, batch, jax.random.PRNGKey(0), np.int32(0))
         results.append((params, jax.device_get(metrics)))
     (params_1, metrics_1), (params_4, metrics_4) = results
     _assert_close(params_4, params_1, atol=1e-5)
@@ -149,10 +163,14 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     def exploding(count):  # a learning rate that turns the parameters to NaN at the 4th update
         return jnp.where(count < 3, 1e-2, jnp.nan)
 
-    trainer = _trainer(tmp_path, _single_device(), learning_rate=exploding,
-                       checkpoint_every=2, log_every=5)
-    with pytest.raises(NonFiniteError, match=r"step 4: the updated parameters' norm \(param_norm\)"
-                       r" is nan.*last checkpoint \(step 2\)") as error:
+    trainer = _trainer(
+        tmp_path, _single_device(), learning_rate=exploding, checkpoint_every=2, log_every=5
+    )
+    with pytest.raises(
+        NonFiniteError,
+        match=r"step 4: the updated parameters' norm \(param_norm\)"
+        r" is nan.*last checkpoint \(step 2\)",
+    ) as error:
         trainer.train(10)
     assert error.value.step == 4 and error.value.last_checkpoint == 2
     manager = CheckpointManager(tmp_path, read_only=True)
@@ -168,24 +186,37 @@ def test_start_from_hf_and_t2t_checkpoints(tmp_path, single_run):
     config = CONFIG.replace(dropout_rate=0.0)  # dropout may differ from the checkpoint's
     params = nnx.split(t2t_nn.build(config, nnx.Rngs(params=7)))[1]
     hf.export_hf(tmp_path / "hf", config, params)
-    from_hf = _trainer(tmp_path / "from_hf", partitioner, model=_model(config),
-                       init_checkpoint=str(tmp_path / "hf"))
+    from_hf = _trainer(
+        tmp_path / "from_hf",
+        partitioner,
+        model=_model(config),
+        init_checkpoint=str(tmp_path / "hf"),
+    )
     assert from_hf.step == 0 and from_hf.init_description["kind"] == "hf"
     _assert_close(from_hf.params, params, atol=0)
-    assert from_hf.params["encoder"]["layers_0"]["mlp"]["wi_0"]["kernel"].get_value().sharding \
-        .spec == jax.sharding.PartitionSpec(None, "model")
-    from_run = _trainer(tmp_path / "from_run", partitioner, model=_model(config),
-                        init_checkpoint=str(model_dir))
+    assert from_hf.params["encoder"]["layers_0"]["mlp"]["wi_0"][
+        "kernel"
+    ].get_value().sharding.spec == jax.sharding.PartitionSpec(None, "model")
+    from_run = _trainer(
+        tmp_path / "from_run", partitioner, model=_model(config), init_checkpoint=str(model_dir)
+    )
     assert from_run.step == 0 and from_run.init_description == {
-        "kind": "t2t", "path": os.path.abspath(model_dir), "step": 3}
+        "kind": "t2t",
+        "path": os.path.abspath(model_dir),
+        "step": 3,
+    }
     _assert_close(from_run.params, single.params, atol=0)
     assert int(jax.device_get(from_run.opt_state[0].count)) == 0  # a fresh optimizer
     for trainer in (from_hf, from_run):
         trainer.close()
     other = CONFIG.replace(d_ff=256)
     with pytest.raises(ValueError, match="d_ff: checkpoint 512, run 256"):
-        _trainer(tmp_path / "mismatch", partitioner, model=_model(other),
-                 init_checkpoint=str(tmp_path / "hf"))
+        _trainer(
+            tmp_path / "mismatch",
+            partitioner,
+            model=_model(other),
+            init_checkpoint=str(tmp_path / "hf"),
+        )
     with pytest.raises(FileNotFoundError, match="HF T5 directory"):
         init.checkpoint_kind(str(tmp_path))
 
@@ -196,17 +227,22 @@ def test_run_directory_has_summaries_curve_and_metadata(single_run):
     assert summary["tokens_seen"] == single.tokens_seen
     scalars = reporting.read_scalars(os.path.join(model_dir, "train"))
     assert [s for s, _ in scalars["loss"]] == [1, 2, 3]
-    np.testing.assert_allclose([v for _, v in scalars["loss"]],
-                               [s["loss"] for _, s in single.history], rtol=1e-6)
+    np.testing.assert_allclose(
+        [v for _, v in scalars["loss"]], [s["loss"] for _, s in single.history], rtol=1e-6
+    )
     assert {"learning_rate", "tokens_per_second", "token_accuracy", "z_loss"} <= set(scalars)
     assert os.path.getsize(os.path.join(model_dir, "loss_curve.png")) > 1000
     metadata = CheckpointManager(model_dir, read_only=True).read_metadata(3)
     assert metadata["tokens_seen"] == single.tokens_seen
     # Tokens seen: non-zero input and target tokens of the three batches.
     data = SyntheticBatches()
-    expected = sum(int(np.count_nonzero(b["encoder_input_tokens"])
-                       + np.count_nonzero(b["decoder_target_tokens"]))
-                   for b in (next(data) for _ in range(3)))
+    expected = sum(
+        int(
+            np.count_nonzero(b["encoder_input_tokens"])
+            + np.count_nonzero(b["decoder_target_tokens"])
+        )
+        for b in (next(data) for _ in range(3))
+    )
     assert metadata["tokens_seen"] == expected
     assert metadata["examples_seen"] == 3 * BATCH
     assert metadata["architecture"] == "encoder_decoder" and metadata["config"]["vocab_size"] == 128
@@ -222,14 +258,15 @@ def test_restart_markers_hide_the_lost_steps_of_an_interrupted_run(tmp_path):
     second.restart(4)
     second.write(4, {"loss": 0.5})
     second.close()
-    assert reporting.read_scalars(str(tmp_path))["loss"] == [(1, 9.0), (2, 8.0), (3, 7.0),
-                                                             (4, 0.5)]
+    assert reporting.read_scalars(str(tmp_path))["loss"] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 0.5)]
 
 
 def test_batch_counts_worked_example():
-    batch = {"decoder_segment_ids": jnp.array([[1, 1, 2, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
-             "decoder_target_tokens": jnp.array([[5, 1, 1, 0], [7, 0, 0, 0], [0, 0, 0, 0]]),
-             "encoder_input_tokens": jnp.array([[4, 4, 0], [3, 1, 0], [0, 0, 0]])}
+    batch = {
+        "decoder_segment_ids": jnp.array([[1, 1, 2, 0], [1, 0, 0, 0], [0, 0, 0, 0]]),
+        "decoder_target_tokens": jnp.array([[5, 1, 1, 0], [7, 0, 0, 0], [0, 0, 0, 0]]),
+        "encoder_input_tokens": jnp.array([[4, 4, 0], [3, 1, 0], [0, 0, 0]]),
+    }
     counts = steps.batch_counts(batch)
     assert int(counts["num_examples"]) == 3 and int(counts["num_tokens"]) == 4 + 4
     del batch["decoder_segment_ids"]
@@ -237,19 +274,28 @@ def test_batch_counts_worked_example():
 
 
 def test_train_scalars():
-    raw = {"loss": 3.0, "cross_ent_sum": 50.0, "z_loss_sum": 10.0, "weight_sum": 20.0,
-           "num_correct_tokens": 5.0, "grad_norm": 1.0, "param_norm": 2.0, "num_tokens": 40,
-           "num_examples": 4}
+    raw = {
+        "loss": 3.0,
+        "cross_ent_sum": 50.0,
+        "z_loss_sum": 10.0,
+        "weight_sum": 20.0,
+        "num_correct_tokens": 5.0,
+        "grad_norm": 1.0,
+        "param_norm": 2.0,
+        "num_tokens": 40,
+        "num_examples": 4,
+    }
     constant = steps.train_scalars(raw, 20.0)
     assert constant["z_loss"] == 0.5 and constant["cross_ent_per_token"] == 2.5
     assert constant["token_accuracy"] == 0.25
     per_batch = steps.train_scalars({**raw, "loss_denominator": 40.0}, "num_total_target_tokens")
     assert per_batch["z_loss"] == 0.25
     assert steps.first_non_finite({**raw, "grad_norm": np.inf}) == (
-        "the gradient norm (grad_norm) is inf")
-    assert steps.eval_scalars({"cross_ent_sum": 6.0, "z_loss_sum": 0.3, "weight_sum": 3.0,
-                               "num_correct_tokens": 1.5}) == pytest.approx({
-        "loss": 2.0, "z_loss": 0.1, "token_accuracy": 0.5, "target_tokens": 3.0})
+        "the gradient norm (grad_norm) is inf"
+    )
+    assert steps.eval_scalars(
+        {"cross_ent_sum": 6.0, "z_loss_sum": 0.3, "weight_sum": 3.0, "num_correct_tokens": 1.5}
+    ) == pytest.approx({"loss": 2.0, "z_loss": 0.1, "token_accuracy": 0.5, "target_tokens": 3.0})
 
 
 def test_bad_periods_are_refused(tmp_path):
@@ -266,7 +312,8 @@ def test_hf_directory_is_recognized(tmp_path):
     (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
     assert init.checkpoint_kind(str(tmp_path / "hf")) == init.HF
     assert init.source_config(str(tmp_path / "hf"), dropout_rate=0.0) == CONFIG.replace(
-        dropout_rate=0.0)
+        dropout_rate=0.0
+    )
 
 
 def test_checkpoint_saved_is_said_only_once_the_save_is_committed(tmp_path, capsys):

@@ -30,22 +30,38 @@ seqio.TaskRegistry.add(
 
 
 def _train(tmp_path, *extra):
-    return cli.main(["train", f"--gin_file={DEMO}", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
-                     "--gin.TRAIN_STEPS=1", *extra])
+    return cli.main(
+        [
+            "train",
+            f"--gin_file={DEMO}",
+            f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+            "--gin.TRAIN_STEPS=1",
+            *extra,
+        ]
+    )
 
 
-def test_import_from_the_working_directory_then_a_missing_vocabulary(tmp_path, monkeypatch,
-                                                                      capsys):
+def test_import_from_the_working_directory_then_a_missing_vocabulary(tmp_path, monkeypatch, capsys):
     module = f"user_tasks_{os.getpid()}"
-    (tmp_path / f"{module}.py").write_text(TASK_MODULE.format(
-        vocab_path=str(tmp_path / "missing.model"), name=module))
+    (tmp_path / f"{module}.py").write_text(
+        TASK_MODULE.format(vocab_path=str(tmp_path / "missing.model"), name=module)
+    )
     monkeypatch.chdir(tmp_path)  # found without PYTHONPATH=., as `python -m` would
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
-    assert _train(tmp_path, "--import", module, f"--gin.t2t.runs.train.mixture_or_task='{module}'",
-                  ) == 2
+    assert (
+        _train(
+            tmp_path,
+            "--import",
+            module,
+            f"--gin.t2t.runs.train.mixture_or_task='{module}'",
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert f"Task {module}: the 'inputs' vocabulary {tmp_path / 'missing.model'} does not exist" \
-        in err and "Traceback" not in err
+    assert (
+        f"Task {module}: the 'inputs' vocabulary {tmp_path / 'missing.model'} does not exist" in err
+        and "Traceback" not in err
+    )
 
 
 def test_a_failing_import_is_bad_input(tmp_path, capsys):
@@ -70,10 +86,17 @@ def test_tfds_dataset_not_prepared_says_how_to_prepare_it(tmp_path, capsys):
     vocab = seqio.PassThroughVocabulary(10)
     name = "user_path_unprepared_tfds"
     if name not in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.add(name, source=source, preprocessors=[],
-                               output_features={"targets": seqio.Feature(vocab)})
-    assert _train(tmp_path, f"--tfds_data_dir={tfds_dir}",
-                  f"--gin.t2t.runs.train.mixture_or_task='{name}'") == 2
+        seqio.TaskRegistry.add(
+            name, source=source, preprocessors=[], output_features={"targets": seqio.Feature(vocab)}
+        )
+    assert (
+        _train(
+            tmp_path,
+            f"--tfds_data_dir={tfds_dir}",
+            f"--gin.t2t.runs.train.mixture_or_task='{name}'",
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"reads the TFDS dataset glue/cola:2.0.0, which is not prepared in {tfds_dir}" in err
     assert "tfds build glue/cola --data_dir=DIR" in err and "--tfds_data_dir=DIR" in err
@@ -114,25 +137,40 @@ def test_cache_a_builtin_task_then_read_it_back(tmp_path, capsys, seqio_cache_di
     import t2t.data.tasks.builtin  # noqa: F401 (registers the built-in tasks)
 
     cache_dir = tmp_path / "seqio_cache"
-    assert cli.main(["cache", "--task", "builtin_package", "--output_cache_dir",
-                     str(cache_dir), "--module", "t2t.data.tasks.builtin"]) == 0
+    assert (
+        cli.main(
+            [
+                "cache",
+                "--task",
+                "builtin_package",
+                "--output_cache_dir",
+                str(cache_dir),
+                "--module",
+                "t2t.data.tasks.builtin",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"builtin_package: {cache_dir / 'builtin_package'}" in out
     for split in ("train", "validation"):
         assert (cache_dir / "builtin_package" / f"info.{split}.json").exists()
     assert (cache_dir / "builtin_package" / "COMPLETED").exists()
-    assert cli.main(["cache", "--task", "builtin_package", "--output_cache_dir",
-                     str(cache_dir)]) == 0
+    assert (
+        cli.main(["cache", "--task", "builtin_package", "--output_cache_dir", str(cache_dir)]) == 0
+    )
     assert "already cached" in capsys.readouterr().out
 
     task = seqio.get_mixture_or_task("builtin_package")
     lengths = {"inputs": 64, "targets": 8}
 
     def examples(use_cached):
-        dataset = task.get_dataset(lengths, split="validation", use_cached=use_cached,
-                                   shuffle=False, num_epochs=1)
-        return sorted((tuple(e["inputs"]), tuple(e["targets"]))
-                      for e in dataset.as_numpy_iterator())
+        dataset = task.get_dataset(
+            lengths, split="validation", use_cached=use_cached, shuffle=False, num_epochs=1
+        )
+        return sorted(
+            (tuple(e["inputs"]), tuple(e["targets"])) for e in dataset.as_numpy_iterator()
+        )
 
     seqio.add_global_cache_dirs([str(cache_dir)])
     task._cache_dir = None  # seqio memoizes the lookup

@@ -18,13 +18,33 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 # shape may be a tuple holding layouts, parentheses and "/*index=5*/" comments; it holds no
 # opcode, so the first " op(" after " = " is the opcode.
 _INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(",
-    re.MULTILINE)
-_ARRAY = re.compile(r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|"
-                    r"f8e4m3fn|f8e5m2)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
-          "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-          "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", re.MULTILINE
+)
+_ARRAY = re.compile(
+    r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|"
+    r"f8e4m3fn|f8e5m2)\[([\d,]*)\]"
+)
+_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+}
 
 
 def shape_bytes(shape: str) -> int:
@@ -53,7 +73,7 @@ def collectives(hlo_text: str) -> list[tuple[str, str]]:
             if kind == "collective-permute":
                 arrays = arrays[1:2]
             else:  # (operands..., results...)
-                arrays = arrays[len(arrays) // 2:]
+                arrays = arrays[len(arrays) // 2 :]
             shape = ", ".join(arrays)
         found.append((kind, shape))
     return found
@@ -93,9 +113,13 @@ class Memory:
     @classmethod
     def of(cls, compiled: Any) -> Memory:
         m = compiled.memory_analysis()
-        return cls(int(m.argument_size_in_bytes), int(m.output_size_in_bytes),
-                   int(m.alias_size_in_bytes), int(m.temp_size_in_bytes),
-                   int(m.generated_code_size_in_bytes))
+        return cls(
+            int(m.argument_size_in_bytes),
+            int(m.output_size_in_bytes),
+            int(m.alias_size_in_bytes),
+            int(m.temp_size_in_bytes),
+            int(m.generated_code_size_in_bytes),
+        )
 
 
 def costs(compiled: Any) -> dict[str, float]:
@@ -104,12 +128,15 @@ def costs(compiled: Any) -> dict[str, float]:
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
     analysis = analysis or {}
-    return {"flops": float(analysis.get("flops", 0.0)),
-            "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
+    return {
+        "flops": float(analysis.get("flops", 0.0)),
+        "bytes_accessed": float(analysis.get("bytes accessed", 0.0)),
+    }
 
 
-def roofline(flops: float, bytes_moved: float, chip: Chip | None,
-             model_flops: float | None = None) -> dict[str, float] | None:
+def roofline(
+    flops: float, bytes_moved: float, chip: Chip | None, model_flops: float | None = None
+) -> dict[str, float] | None:
     """A lower bound on step time from the chip's peaks, and the MFU it allows.
 
     time >= max(FLOPs / peak FLOP/s, bytes / memory bandwidth): the step cannot compute faster
@@ -133,8 +160,12 @@ def roofline(flops: float, bytes_moved: float, chip: Chip | None,
     compute = flops / chip.peak_flops
     memory = bytes_moved / chip.memory_bandwidth
     step = max(compute, memory)
-    out = {"compute_seconds": compute, "memory_seconds": memory, "step_seconds": step,
-           "bound": "compute" if compute >= memory else "memory"}
+    out = {
+        "compute_seconds": compute,
+        "memory_seconds": memory,
+        "step_seconds": step,
+        "bound": "compute" if compute >= memory else "memory",
+    }
     if model_flops is not None and step > 0:
         out["mfu"] = model_flops / (step * chip.peak_flops)
     return out
@@ -144,7 +175,8 @@ def roofline(flops: float, bytes_moved: float, chip: Chip | None,
 # "Used 40.12G of 15.75G hbm".
 _OOM_USED = re.compile(r"Used ([\d.]+)([KMGT])? of ([\d.]+)([KMGT])? hbm")
 _OOM_REQUIRED = re.compile(
-    r"required for [^(]*\(([\d.]+)([KMGT])?\) exceeds available HBM \(([\d.]+)([KMGT])?\)")
+    r"required for [^(]*\(([\d.]+)([KMGT])?\) exceeds available HBM \(([\d.]+)([KMGT])?\)"
+)
 _UNITS = {None: 1, "": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -154,8 +186,10 @@ def parse_out_of_memory(message: str) -> tuple[int, int] | None:
         match = pattern.search(message)
         if match:
             used, used_unit, limit, limit_unit = match.groups()
-            return (int(float(used) * _UNITS[used_unit or ""]),
-                    int(float(limit) * _UNITS[limit_unit or ""]))
+            return (
+                int(float(used) * _UNITS[used_unit or ""]),
+                int(float(limit) * _UNITS[limit_unit or ""]),
+            )
     return None
 
 

@@ -51,8 +51,8 @@ def matmul_flops(jaxpr: Any) -> int:
         if name == "cond":
             total += max(matmul_flops(b) for b in eqn.params["branches"])
             continue
-        inner = sum(matmul_flops(sub) for value in eqn.params.values()
-                    for sub in _sub_jaxprs(value))
+        inner = sum(
+            matmul_flops(sub) for value in eqn.params.values() for sub in _sub_jaxprs(value)
+        )
         total += inner * (eqn.params["length"] if name == "scan" else 1)
     return total
-

@@ -51,8 +51,12 @@ def ticking(label: str, *, enabled: bool = True, every: float = 5.0) -> Iterator
     def tick():
         while not done.wait(every if interactive else max(every, 30.0)):
             line = f"{label} ... {time.perf_counter() - start:.0f} s"
-            print(f"\r{line}" if interactive else line, end="" if interactive else "\n",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\r{line}" if interactive else line,
+                end="" if interactive else "\n",
+                file=sys.stderr,
+                flush=True,
+            )
 
     thread = threading.Thread(target=tick, daemon=True)
     thread.start()
@@ -62,12 +66,21 @@ def ticking(label: str, *, enabled: bool = True, every: float = 5.0) -> Iterator
         done.set()
         thread.join()
         end = "\n" if interactive else ""
-        print(f"{'' if not interactive else chr(13)}{label}: {time.perf_counter() - start:.1f} s",
-              end=end if interactive else "\n", file=sys.stderr, flush=True)
+        print(
+            f"{'' if not interactive else chr(13)}{label}: {time.perf_counter() - start:.1f} s",
+            end=end if interactive else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def batch_shapes(model: models.BaseModel | str, task_feature_lengths: Mapping[str, int],
-                 batch_size: int, *, pack: bool = True) -> dict[str, tuple[int, ...]]:
+def batch_shapes(
+    model: models.BaseModel | str,
+    task_feature_lengths: Mapping[str, int],
+    batch_size: int,
+    *,
+    pack: bool = True,
+) -> dict[str, tuple[int, ...]]:
     """The model features of one global training batch and their shapes (all int32), from the
     model wrapper's converter (an architecture name stands for its model).
 
@@ -87,9 +100,12 @@ def batch_shapes(model: models.BaseModel | str, task_feature_lengths: Mapping[st
 
 
 def _abstract_batch(partitioner: Partitioner, shapes: Mapping[str, tuple[int, ...]]) -> dict:
-    return {name: jax.ShapeDtypeStruct(shape, jnp.int32,
-                                       sharding=partitioner.batch_sharding(len(shape)))
-            for name, shape in shapes.items()}
+    return {
+        name: jax.ShapeDtypeStruct(
+            shape, jnp.int32, sharding=partitioner.batch_sharding(len(shape))
+        )
+        for name, shape in shapes.items()
+    }
 
 
 def _lower_and_compile(label: str, trace: Callable[[], Any], progress: bool) -> Compiled:
@@ -99,12 +115,17 @@ def _lower_and_compile(label: str, trace: Callable[[], Any], progress: bool) -> 
     lowered_at = time.perf_counter()
     with ticking(f"compiling the {label}", enabled=progress):
         compiled = lowered.compile()
-    return Compiled(compiled, lowered_at - start, time.perf_counter() - lowered_at,
-                    flops.matmul_flops(traced.jaxpr))
+    return Compiled(
+        compiled,
+        lowered_at - start,
+        time.perf_counter() - lowered_at,
+        flops.matmul_flops(traced.jaxpr),
+    )
 
 
-def abstract_state(model: models.BaseModel, tx: optax.GradientTransformation,
-                   partitioner: Partitioner) -> tuple[Any, Any]:
+def abstract_state(
+    model: models.BaseModel, tx: optax.GradientTransformation, partitioner: Partitioner
+) -> tuple[Any, Any]:
     """The run's parameters and optimizer state as sharded shapes (no memory)."""
     config = model.config
     _, params = partitioner.abstract_model(lambda: t2t_nn.build(config, nnx.Rngs(params=0)))
@@ -127,9 +148,14 @@ def compile_train_step(
     params, opt_state = abstract_state(model, tx, partitioner)
     batch = _abstract_batch(partitioner, shapes)
     jitted = steps.jit_train_step(
-        steps.make_train_step(model, tx, num_microbatches=num_microbatches,
-                              grad_shardings=steps.shardings_of(params)),
-        partitioner, params, opt_state, batch)
+        steps.make_train_step(
+            model, tx, num_microbatches=num_microbatches, grad_shardings=steps.shardings_of(params)
+        ),
+        partitioner,
+        params,
+        opt_state,
+        batch,
+    )
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
     rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=partitioner.replicated)
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=partitioner.replicated)
@@ -157,11 +183,15 @@ def compile_decode(
     shardings = jax.tree.map(lambda x: x.sharding, params)
 
     def predict(params, batch):
-        return model.predict_batch(params, batch, method="greedy",
-                                   max_decode_length=max_decode_length)
+        return model.predict_batch(
+            params, batch, method="greedy", max_decode_length=max_decode_length
+        )
 
-    jitted = jax.jit(predict, in_shardings=(shardings, partitioner.batch_shardings(batch)),
-                     out_shardings=partitioner.replicated)
+    jitted = jax.jit(
+        predict,
+        in_shardings=(shardings, partitioner.batch_shardings(batch)),
+        out_shardings=partitioner.replicated,
+    )
 
     def trace():
         with partitioner.context():

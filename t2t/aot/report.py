@@ -122,8 +122,11 @@ def _program_entry(result: programs.Compiled, capacity: int | None) -> dict[str,
 def _failed_entry(error: Exception, capacity: int | None, seconds: float) -> dict[str, Any]:
     message = str(error)
     parsed = analysis.parse_out_of_memory(message)
-    entry: dict[str, Any] = {"fits": False, "compile_seconds": seconds,
-                             "error": message.strip().splitlines()[0][:500]}
+    entry: dict[str, Any] = {
+        "fits": False,
+        "compile_seconds": seconds,
+        "error": message.strip().splitlines()[0][:500],
+    }
     if parsed is not None:
         required, available = parsed
         entry["memory"] = {"total": required}
@@ -175,37 +178,57 @@ def compile_run(
     config = shape.config
     model = model or models.model_for(config)
     tx = tx or optim.adafactor(optim.inverse_sqrt())
-    partitioner = make_partitioner(*shape.mesh_shape, mode=shape.sharding_mode,
-                                   devices=target.devices)
+    partitioner = make_partitioner(
+        *shape.mesh_shape, mode=shape.sharding_mode, devices=target.devices
+    )
     _check_batch(shape, partitioner)
     capacity = target.chip.memory_bytes if target.chip else None
     params, opt_state = programs.abstract_state(model, tx, partitioner)
-    batch = programs.batch_shapes(model, shape.task_feature_lengths,
-                                  shape.batch_size, pack=shape.pack)
-    train = _compile_or_oom(lambda: programs.compile_train_step(
-        model, tx, partitioner, batch, num_microbatches=shape.num_microbatches,
-        progress=progress), capacity)
+    batch = programs.batch_shapes(
+        model, shape.task_feature_lengths, shape.batch_size, pack=shape.pack
+    )
+    train = _compile_or_oom(
+        lambda: programs.compile_train_step(
+            model,
+            tx,
+            partitioner,
+            batch,
+            num_microbatches=shape.num_microbatches,
+            progress=progress,
+        ),
+        capacity,
+    )
     input_length, target_length = shape.lengths()
-    model_flops = (nn_flops.training_flops(config, input_length, target_length)
-                   * shape.batch_size / target.num_devices)
+    model_flops = (
+        nn_flops.training_flops(config, input_length, target_length)
+        * shape.batch_size
+        / target.num_devices
+    )
     train["model_flops"] = model_flops
-    train["state_bytes"] = {"params": _state_bytes_per_device(params),
-                            "optimizer": _state_bytes_per_device(opt_state)}
+    train["state_bytes"] = {
+        "params": _state_bytes_per_device(params),
+        "optimizer": _state_bytes_per_device(opt_state),
+    }
     if "program_flops" in train:
         train["flops"] = train["program_flops"] / target.num_devices
         train["flops_ratio"] = train["flops"] / model_flops
         memory = train["memory"]
         train["roofline"] = analysis.roofline(
-            train["flops"], memory["arguments"] + memory["outputs"], target.chip, model_flops)
+            train["flops"], memory["arguments"] + memory["outputs"], target.chip, model_flops
+        )
     decoded = None
     if decode:
-        decoded = _compile_or_oom(lambda: programs.compile_decode(
-            model, partitioner, _decode_shapes(config, shape), target_length,
-            progress=progress), capacity)
+        decoded = _compile_or_oom(
+            lambda: programs.compile_decode(
+                model, partitioner, _decode_shapes(config, shape), target_length, progress=progress
+            ),
+            capacity,
+        )
     report = Report(
         target=_target_entry(target),
         run={**_run_entry(shape, partitioner), "model": _summary(config, params)},
-        train_step=train, decode=decoded,
+        train_step=train,
+        decode=decoded,
     )
     report.advice = advise(report, shape, partitioner)
     return report
@@ -228,20 +251,26 @@ def _decode_shapes(config: TransformerConfig, shape: RunShape) -> dict[str, tupl
     input_length, target_length = shape.lengths()
     if config.is_decoder_only:
         width = input_length + target_length
-        return {"decoder_input_tokens": (shape.batch_size, width),
-                "decoder_causal_attention": (shape.batch_size, width)}
+        return {
+            "decoder_input_tokens": (shape.batch_size, width),
+            "decoder_causal_attention": (shape.batch_size, width),
+        }
     return {"encoder_input_tokens": (shape.batch_size, input_length)}
 
 
 def _target_entry(target: Target) -> dict[str, Any]:
     chip = target.chip
     return {
-        "name": target.name, "platform": target.platform, "devices": target.num_devices,
-        "chips": target.num_chips, "hosts": target.num_devices // target.devices_per_host,
+        "name": target.name,
+        "platform": target.platform,
+        "devices": target.num_devices,
+        "chips": target.num_chips,
+        "hosts": target.num_devices // target.devices_per_host,
         "device_memory_bytes": chip.memory_bytes if chip else None,
         "peak_flops_per_device": chip.peak_flops if chip and chip.peak_flops else None,
-        "memory_bandwidth_per_device": (chip.memory_bandwidth
-                                        if chip and chip.memory_bandwidth else None),
+        "memory_bandwidth_per_device": (
+            chip.memory_bandwidth if chip and chip.memory_bandwidth else None
+        ),
     }
 
 
@@ -290,30 +319,36 @@ def advise(report: Report, shape: RunShape, partitioner: Partitioner) -> list[st
     budget = capacity * (1 - HEADROOM)
     state = sum(train["state_bytes"].values())
     rest = max(total - state, 0)
-    tips = [f"The train step needs {_gib(total)} per device, {_gib(capacity)} is available: "
-            f"{_gib(state)} parameters and optimizer state, {_gib(rest)} activations, gradients "
-            "and temporaries."]
+    tips = [
+        f"The train step needs {_gib(total)} per device, {_gib(capacity)} is available: "
+        f"{_gib(state)} parameters and optimizer state, {_gib(rest)} activations, gradients "
+        "and temporaries."
+    ]
     if state < budget and rest > 0:
         if shape.config.remat_policy != "full":
             tips.append(
                 "remat_policy='full' (t2t.nn.get_preset.remat_policy or "
                 "--remat_policy=full): the backward pass keeps only each layer's input and "
-                "recomputes the rest, for about 4/3 the FLOPs; it shrinks the activations most.")
+                "recomputes the rest, for about 4/3 the FLOPs; it shrinks the activations most."
+            )
         k = shape.num_microbatches
         needed = k * 2 ** math.ceil(math.log2(max(rest / max(budget - state, 1), 1)))
         rows = shape.batch_size // max(needed, 1)
         if needed > k and rows >= partitioner.mesh.shape["data"]:
             tips.append(
                 f"num_microbatches={needed}: activations of {shape.batch_size // needed} rows "
-                f"at a time, about {_gib(state + rest * k / needed)} per device.")
+                f"at a time, about {_gib(state + rest * k / needed)} per device."
+            )
     data, model = partitioner.mesh.shape["data"], partitioner.mesh.shape["model"]
     if shape.sharding_mode != "fsdp" and data > 1:
         tips.append(
             f"sharding_mode='fsdp': parameters and optimizer statistics split over the data "
-            f"axis ({data}) as well, {_gib(state)} -> about {_gib(state / data)} per device.")
+            f"axis ({data}) as well, {_gib(state)} -> about {_gib(state / data)} per device."
+        )
     tips.append(
         f"A larger model axis (mesh_shape=(-1, {model * 2})) splits heads, feed-forward units "
-        "and the vocabulary over twice the devices; or more chips (a larger topology).")
+        "and the vocabulary over twice the devices; or more chips (a larger topology)."
+    )
     return tips
 
 
@@ -336,14 +371,17 @@ def format_report(report: Report) -> str:
     ]
     lines += _format_program("train step", train)
     if "flops_ratio" in train:
-        lines.append(f"  matmul FLOPs per device: program {_flop(train['flops'])}, model "
-                     f"{_flop(train['model_flops'])} (ratio {train['flops_ratio']:.3f})")
+        lines.append(
+            f"  matmul FLOPs per device: program {_flop(train['flops'])}, model "
+            f"{_flop(train['model_flops'])} (ratio {train['flops_ratio']:.3f})"
+        )
     roof = train.get("roofline")
     if roof:
         lines.append(
             f"  roofline: step >= {roof['step_seconds'] * 1e3:.1f} ms ({roof['bound']}-bound: "
             f"compute {roof['compute_seconds'] * 1e3:.1f} ms, memory "
-            f"{roof['memory_seconds'] * 1e3:.1f} ms), MFU <= {roof['mfu']:.1%}")
+            f"{roof['memory_seconds'] * 1e3:.1f} ms), MFU <= {roof['mfu']:.1%}"
+        )
     if report.decode is not None:
         lines += _format_program("greedy decoding", report.decode)
     lines += [f"  - {tip}" for tip in report.advice]
@@ -360,15 +398,26 @@ def _format_program(name: str, entry: Mapping[str, Any]) -> list[str]:
         if "memory_fraction" in entry:
             where = f" ({_gib(memory['total'])} of {_gib(entry['capacity'])})"
         return [head, f"  out of memory{where}: {entry['error']}"]
-    lines = [head, (
-        f"  memory per device: {_gib(memory['total'])}"
-        + (f" = {entry['memory_fraction']:.0%} of the device" if "memory_fraction" in entry
-           else "")
-        + f" (arguments {_gib(memory['arguments'])}, outputs {_gib(memory['outputs'])}, of them "
-        f"in place {_gib(memory['aliased'])}, temporaries {_gib(memory['temporaries'])}, code "
-        f"{_gib(memory['code'])})")]
+    lines = [
+        head,
+        (
+            f"  memory per device: {_gib(memory['total'])}"
+            + (
+                f" = {entry['memory_fraction']:.0%} of the device"
+                if "memory_fraction" in entry
+                else ""
+            )
+            + f" (arguments {_gib(memory['arguments'])}, outputs {_gib(memory['outputs'])}, of them "
+            f"in place {_gib(memory['aliased'])}, temporaries {_gib(memory['temporaries'])}, code "
+            f"{_gib(memory['code'])})"
+        ),
+    ]
     census = {k: v for k, v in entry.get("collectives", {}).items() if v["count"]}
     if census:
-        lines.append("  collectives: " + ", ".join(
-            f"{k} {v['count']} ({v['bytes'] / 2**20:,.1f} MiB)" for k, v in census.items()))
+        lines.append(
+            "  collectives: "
+            + ", ".join(
+                f"{k} {v['count']} ({v['bytes'] / 2**20:,.1f} MiB)" for k, v in census.items()
+            )
+        )
     return lines

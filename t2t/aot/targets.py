@@ -43,8 +43,13 @@ class Chip:
 
 
 def _chip(name, memory_gib, chip_tflops, chip_gbps, devices_per_chip=1) -> Chip:
-    return Chip(name, int(memory_gib * GIB), chip_tflops * 1e12 / devices_per_chip,
-                chip_gbps * 1e9 / devices_per_chip, devices_per_chip)
+    return Chip(
+        name,
+        int(memory_gib * GIB),
+        chip_tflops * 1e12 / devices_per_chip,
+        chip_gbps * 1e9 / devices_per_chip,
+        devices_per_chip,
+    )
 
 
 # generation -> (device memory libtpu allows, bf16 TFLOP/s per chip, HBM GB/s per chip).
@@ -60,8 +65,10 @@ CHIPS: dict[str, Chip] = {
 _MEGACORE = ("v4", "v5p")
 # libtpu's topology names: generation, then chips per dimension, e.g. "v5p:4x4x4".
 _TOPOLOGY = re.compile(r"^(v\d+[a-z]*):(\d+(?:x\d+){1,2})$")
-TPU_EXTRA_HINT = ("libtpu is not installed: pip install -e '.[tpu]' (or pip install "
-                  "\"jax[tpu]==<your jax version>\"), which brings libtpu's compiler; no TPU is needed.")
+TPU_EXTRA_HINT = (
+    "libtpu is not installed: pip install -e '.[tpu]' (or pip install "
+    '"jax[tpu]==<your jax version>"), which brings libtpu\'s compiler; no TPU is needed.'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +101,7 @@ class Target:
 
 
 def parse_topology(topology: str) -> tuple[str, tuple[int, ...]]:
-    """"v5p:4x4x4" -> ("v5p", (4, 4, 4)).
+    """ "v5p:4x4x4" -> ("v5p", (4, 4, 4)).
 
     Raises:
       ValueError: for a malformed name or an unknown generation (listing the known ones).
@@ -130,9 +137,11 @@ def tpu_target(topology: str) -> Target:
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     description = topologies.get_topology_desc(
-        topology_name=topology, platform="tpu",
+        topology_name=topology,
+        platform="tpu",
         chip_config_name="megacore" if generation in _MEGACORE else "default",
-        chips_per_host_bounds=_host_bounds(dims), num_slices=1,
+        chips_per_host_bounds=_host_bounds(dims),
+        num_slices=1,
     )
     devices = list(description.devices)
     hosts = len({d.process_index for d in devices})

@@ -108,8 +108,9 @@ def average_checkpoints(
                 f"Checkpoints {chosen[-1]} and {step} of {directory.path} belong to different "
                 "networks (their configs differ); average checkpoints of one run."
             )
-        params, step_metadata = directory.restore_params(step, config=config,
-                                                         partitioner=partitioner)
+        params, step_metadata = directory.restore_params(
+            step, config=config, partitioner=partitioner
+        )
         if total is None:
             # NOTE: the running sum is float32 whatever the parameter dtype: summing N bfloat16
             # checkpoints in bfloat16 would round every partial sum to 8 mantissa bits.
@@ -148,14 +149,21 @@ def write_averaged(
             "directory so it cannot be confused with (or pruned like) a training checkpoint."
         )
     step = averaged.steps[-1] if step is None else int(step)
-    metadata = {**averaged.metadata, "step": step, "averaged_steps": list(averaged.steps),
-                "averaged_from": os.path.abspath(averaged.source)}
+    metadata = {
+        **averaged.metadata,
+        "step": step,
+        "averaged_steps": list(averaged.steps),
+        "averaged_from": os.path.abspath(averaged.source),
+    }
     manager = manager_lib.CheckpointManager(output_dir, keep=None, async_save=False)
     manager.save(step, params=averaged.params, metadata=metadata)
     manager.wait_until_finished()
     manager.close()
-    for name in (model_dir_lib.CONFIG_GIN, model_dir_lib.MODEL_CONFIG_JSON,
-                 model_dir_lib.VOCABULARY_FILE):
+    for name in (
+        model_dir_lib.CONFIG_GIN,
+        model_dir_lib.MODEL_CONFIG_JSON,
+        model_dir_lib.VOCABULARY_FILE,
+    ):
         source = os.path.join(averaged.source, name)
         if os.path.exists(source):
             shutil.copyfile(source, os.path.join(output_dir, name))

@@ -92,11 +92,13 @@ def rename_table(config: TransformerConfig) -> list[Rename]:
         rows.append(_norm((*ours, "pre_mlp_layer_norm"), f"{theirs}.2.layer_norm.weight"))
     for stack in ("encoder", "decoder"):
         rows.append(_norm((stack, f"{stack}_norm"), f"{stack}.final_layer_norm.weight"))
-        rows.append(Rename(
-            (stack, "relpos_bias", "rel_embedding"),
-            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-            True,
-        ))
+        rows.append(
+            Rename(
+                (stack, "relpos_bias", "rel_embedding"),
+                f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                True,
+            )
+        )
     if not config.logits_via_embedding:
         rows.append(Rename(("decoder", "logits_dense", "kernel"), "lm_head.weight", True))
     return rows
@@ -113,7 +115,8 @@ def _check_exportable(config: TransformerConfig) -> None:
         raise ValueError(
             f"HF T5 has no adapter layers or soft prompts, and this network has {unmergeable}; "
             "they cannot be folded into T5's weights (LoRA can, and is merged on export). Use "
-            "the t2t checkpoint itself (t2t infer / t2t eval).")
+            "the t2t checkpoint itself (t2t infer / t2t eval)."
+        )
 
 
 def config_from_hf(hf_config: Mapping, **overrides) -> TransformerConfig:
@@ -129,8 +132,9 @@ def config_from_hf(hf_config: Mapping, **overrides) -> TransformerConfig:
             f"{_SUPPORTED_MODEL_TYPES}."
         )
     if hf_config.get("is_encoder_decoder", True) is False:
-        raise ValueError("config.json is_encoder_decoder=false is not supported (T5 is encoder-"
-                         "decoder).")
+        raise ValueError(
+            "config.json is_encoder_decoder=false is not supported (T5 is encoder-decoder)."
+        )
     projection = hf_config.get("feed_forward_proj", "relu")
     if projection not in _FEED_FORWARD:
         raise ValueError(
@@ -290,11 +294,12 @@ def import_hf(directory: str | os.PathLike, **overrides) -> tuple[TransformerCon
         with open(path, encoding="utf-8") as f:
             raw = json.load(f)
     except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); a HF T5 directory's config.json "
-                         "is written by `save_pretrained` or `t2t export`.") from None
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); a HF T5 directory's config.json "
+            "is written by `save_pretrained` or `t2t export`."
+        ) from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path} holds {type(raw).__name__}, not the JSON object of a HF "
-                         "config.")
+        raise ValueError(f"{path} holds {type(raw).__name__}, not the JSON object of a HF config.")
     config = config_from_hf(raw, **overrides)
     return config, params_from_hf(_load_tensors(directory), config)
 
@@ -306,8 +311,9 @@ def load_hf_model(directory: str | os.PathLike, **overrides) -> nnx.Module:
     return nnx.merge(graphdef, state)
 
 
-def export_hf(directory: str | os.PathLike, config: TransformerConfig,
-              state: nnx.State | Mapping) -> None:
+def export_hf(
+    directory: str | os.PathLike, config: TransformerConfig, state: nnx.State | Mapping
+) -> None:
     """Writes `config.json` and `model.safetensors` that HF transformers loads.
 
     Args:
@@ -320,8 +326,7 @@ def export_hf(directory: str | os.PathLike, config: TransformerConfig,
     tensors = params_to_hf(state, config)  # tied: HF ties lm_head to shared.weight itself
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(hf_config_from_config(config.replace(lora_rank=0)), f, indent=2,
-                  sort_keys=True)
+        json.dump(hf_config_from_config(config.replace(lora_rank=0)), f, indent=2, sort_keys=True)
     save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
 
 

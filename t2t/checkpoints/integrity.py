@@ -46,8 +46,9 @@ class CorruptCheckpointError(ValueError):
 
     def __init__(self, directory: str, step: int, item: str, detail: str):
         self.directory, self.step, self.item, self.detail = directory, step, item, detail
-        super().__init__(f"The checkpoint of step {step} in {directory} is damaged ({item}): "
-                         f"{detail}")
+        super().__init__(
+            f"The checkpoint of step {step} in {directory} is damaged ({item}): {detail}"
+        )
 
 
 def leaf_name(path: tuple) -> str:
@@ -89,12 +90,18 @@ def _fingerprints(leaves: list[jax.Array]) -> list[jax.Array]:
 
 def fingerprints(tree: Any) -> dict[str, str]:
     """{leaf name: 8 hex digits} for every array of `tree` (jax or numpy arrays, any sharding)."""
-    flat = [(leaf_name(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-            if hasattr(leaf, "shape") and hasattr(leaf, "dtype")]
+    flat = [
+        (leaf_name(path), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+    ]
     if not flat:
         return {}
-    values = jax.device_get(_fingerprints([jnp.asarray(leaf) if isinstance(leaf, np.ndarray)
-                                           else leaf for _, leaf in flat]))
+    values = jax.device_get(
+        _fingerprints(
+            [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in flat]
+        )
+    )
     return {name: f"{int(value):08x}" for (name, _), value in zip(flat, values)}
 
 
@@ -124,8 +131,9 @@ def digests_path(directory: str) -> str:
 def write_file_digests(directory: str) -> None:
     """Writes the SHA-256 of every file under `directory` beside it (`<directory>.sha256.json`)."""
     with open(digests_path(directory), "w") as f:
-        json.dump({"algorithm": "sha256", "files": _digests(directory)}, f, indent=1,
-                  sort_keys=True)
+        json.dump(
+            {"algorithm": "sha256", "files": _digests(directory)}, f, indent=1, sort_keys=True
+        )
 
 
 def verify_file_digests(directory: str) -> list[str]:

@@ -43,15 +43,20 @@ class RunLock:
           trainer.train(1000)
     """
 
-    def __init__(self, model_dir: str, *, heartbeat_seconds: float = 5.0,
-                 stale_seconds: float = 60.0):
+    def __init__(
+        self, model_dir: str, *, heartbeat_seconds: float = 5.0, stale_seconds: float = 60.0
+    ):
         self.model_dir = os.fspath(model_dir)
         self.path = os.path.join(self.model_dir, LOCK_FILE)
         self.heartbeat_seconds, self.stale_seconds = heartbeat_seconds, stale_seconds
-        self.holder = {"pid": os.getpid(), "host": socket.gethostname(),
-                       "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                       "command": " ".join(os.path.basename(a) if i == 0 else a
-                                           for i, a in enumerate(sys.argv))[:500]}
+        self.holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join(
+                os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)
+            )[:500],
+        }
         self.lost = False  # set when another run took the lock over (our heartbeat stalled)
         self._held = False
         self._stop = threading.Event()
@@ -64,9 +69,11 @@ class RunLock:
         try:
             os.makedirs(self.model_dir, exist_ok=True)
         except OSError as error:
-            raise OSError(f"Cannot create the model directory {self.model_dir} "
-                          f"({error.strerror or error}). Give a MODEL_DIR under a directory "
-                          "this user can write.") from None
+            raise OSError(
+                f"Cannot create the model directory {self.model_dir} "
+                f"({error.strerror or error}). Give a MODEL_DIR under a directory "
+                "this user can write."
+            ) from None
         for _ in range(8):  # each round either takes the lock or retires a stale one
             if self._create():
                 self._start_heartbeat()
@@ -81,8 +88,10 @@ class RunLock:
             if reason is None:
                 raise RunLockedError(self._held_message(current))
             self._retire(current, reason)
-        raise RunLockedError(f"Could not take {self.path}: other runs keep taking it. "
-                             "Make sure only one `t2t train` uses this MODEL_DIR.")
+        raise RunLockedError(
+            f"Could not take {self.path}: other runs keep taking it. "
+            "Make sure only one `t2t train` uses this MODEL_DIR."
+        )
 
     def release(self) -> None:
         """Stops the heartbeat and deletes the lock file if it is still ours."""
@@ -118,7 +127,8 @@ class RunLock:
         except PermissionError as error:
             raise PermissionError(
                 f"Cannot write in the model directory {self.model_dir} ({error.strerror}). "
-                "Give a MODEL_DIR this user can write, or change its permissions.") from None
+                "Give a MODEL_DIR this user can write, or change its permissions."
+            ) from None
         with os.fdopen(fd, "w") as f:
             f.write(self._record())
         self._held = True
@@ -170,8 +180,12 @@ class RunLock:
             with contextlib.suppress(FileExistsError):
                 os.link(retired, self.path)
         else:
-            print(f"Taking over the stale lock of {self.model_dir} ({reason}; it was held by "
-                  f"{_who(record)}).", file=sys.stderr, flush=True)
+            print(
+                f"Taking over the stale lock of {self.model_dir} ({reason}; it was held by "
+                f"{_who(record)}).",
+                file=sys.stderr,
+                flush=True,
+            )
         with contextlib.suppress(FileNotFoundError):
             os.remove(retired)
 
@@ -190,8 +204,7 @@ class RunLock:
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name="t2t-lock-heartbeat",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._beat, name="t2t-lock-heartbeat", daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
@@ -199,9 +212,13 @@ class RunLock:
             current = self._read()
             if current is None or not self._is_ours(current):
                 self.lost = True
-                print(f"WARNING: the lock of {self.model_dir} is no longer this run's (taken "
-                      f"over by {_who(current) if current else 'nobody'}); another run may be "
-                      "writing the same checkpoints.", file=sys.stderr, flush=True)
+                print(
+                    f"WARNING: the lock of {self.model_dir} is no longer this run's (taken "
+                    f"over by {_who(current) if current else 'nobody'}); another run may be "
+                    "writing the same checkpoints.",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
             temporary = f"{self.path}.{os.getpid()}.tmp"
             with open(temporary, "w") as f:
@@ -245,8 +262,12 @@ def hold(model_dir: str, **kwargs):
     import jax
 
     if "://" in os.fspath(model_dir):
-        print(f"WARNING: {model_dir} is on an object store, where t2t cannot lock a model "
-              "directory; make sure only one run trains in it.", file=sys.stderr, flush=True)
+        print(
+            f"WARNING: {model_dir} is on an object store, where t2t cannot lock a model "
+            "directory; make sure only one run trains in it.",
+            file=sys.stderr,
+            flush=True,
+        )
         yield None
         return
     if jax.process_count() == 1:
@@ -265,8 +286,9 @@ def hold(model_dir: str, **kwargs):
             error = str(held)
     taken = multihost_utils.broadcast_one_to_all(np.int32(0 if error else 1))
     if not int(taken):
-        raise RunLockedError(error or f"Process 0 could not take the lock of {model_dir}; "
-                             "see its log.")
+        raise RunLockedError(
+            error or f"Process 0 could not take the lock of {model_dir}; see its log."
+        )
     try:
         yield lock
     finally:

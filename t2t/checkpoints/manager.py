@@ -71,7 +71,8 @@ class DataIteratorHandler(ocp.CheckpointHandler):
             if damaged:
                 raise _DamagedIterator(
                     f"data-iterator files of process {jax.process_index()} differ from their "
-                    f"checksums: {', '.join(damaged)}")
+                    f"checksums: {', '.join(damaged)}"
+                )
         if not path.exists():
             raise MissingIteratorStateError(
                 f"The checkpoint at {directory} holds no data-iterator state for process "
@@ -204,9 +205,11 @@ class CheckpointManager:
             item_names=_ITEMS,
             # NOTE: the array handlers are named so that `item_metadata` can read the saved
             # shapes (to refuse another network's checkpoint before reading any array).
-            item_handlers={"data_iterator": DataIteratorHandler(),
-                           "params": ocp.StandardCheckpointHandler(),
-                           "opt_state": ocp.StandardCheckpointHandler()},
+            item_handlers={
+                "data_iterator": DataIteratorHandler(),
+                "params": ocp.StandardCheckpointHandler(),
+                "opt_state": ocp.StandardCheckpointHandler(),
+            },
         )
 
     # -- queries -------------------------------------------------------------------------------
@@ -250,8 +253,9 @@ class CheckpointManager:
             checksums["opt_state"] = integrity.fingerprints(opt_state)
         items: dict[str, ocp.args.CheckpointArgs] = {
             "params": ocp.args.StandardSave(pure),
-            "metadata": ocp.args.JsonSave(_jsonable(
-                {"step": step, **(metadata or {}), "checksums": checksums})),
+            "metadata": ocp.args.JsonSave(
+                _jsonable({"step": step, **(metadata or {}), "checksums": checksums})
+            ),
         }
         if opt_state is not None:
             items["opt_state"] = ocp.args.StandardSave(opt_state)
@@ -311,16 +315,18 @@ class CheckpointManager:
           IncompatibleCheckpointError: the checkpoint holds another network's arrays.
         """
         if step is not None:
-            return self._restore_step(self._resolve_step(step), abstract_params,
-                                      abstract_opt_state, data_iterator)
+            return self._restore_step(
+                self._resolve_step(step), abstract_params, abstract_opt_state, data_iterator
+            )
         candidates = self.all_steps()
         if not candidates:
             raise FileNotFoundError(f"No checkpoint under {self.directory}.")
         skipped: list[CorruptCheckpointError] = []
         for candidate in reversed(candidates):
             try:
-                restored = self._restore_step(candidate, abstract_params, abstract_opt_state,
-                                              data_iterator)
+                restored = self._restore_step(
+                    candidate, abstract_params, abstract_opt_state, data_iterator
+                )
             except CorruptCheckpointError as error:
                 skipped.append(error)
                 if on_damaged is not None:
@@ -329,24 +335,36 @@ class CheckpointManager:
                     logging.warning("%s Trying the checkpoint before it.", error)
                 continue
             if skipped and on_damaged is None:
-                logging.warning("Restored step %d instead (skipped damaged steps %s).",
-                                candidate, [e.step for e in skipped])
+                logging.warning(
+                    "Restored step %d instead (skipped damaged steps %s).",
+                    candidate,
+                    [e.step for e in skipped],
+                )
             restored.skipped = skipped
             return restored
         raise CorruptCheckpointError(
-            os.fspath(self.directory), skipped[0].step, "every checkpoint",
-            "no intact checkpoint is left: " + "; ".join(f"step {e.step} ({e.item}: {e.detail})"
-                                                         for e in skipped))
+            os.fspath(self.directory),
+            skipped[0].step,
+            "every checkpoint",
+            "no intact checkpoint is left: "
+            + "; ".join(f"step {e.step} ({e.item}: {e.detail})" for e in skipped),
+        )
 
-    def _restore_step(self, step: int, abstract_params: nnx.State, abstract_opt_state: Any,
-                      data_iterator: SavableIterator | None) -> Restored:
+    def _restore_step(
+        self,
+        step: int,
+        abstract_params: nnx.State,
+        abstract_opt_state: Any,
+        data_iterator: SavableIterator | None,
+    ) -> Restored:
         metadata = self.read_metadata(step)
         targets = {"params": nnx.to_pure_dict(abstract_params)}
         if abstract_opt_state is not None:
             targets["opt_state"] = abstract_opt_state
         self._check_shapes(step, targets)
         items: dict[str, ocp.args.CheckpointArgs] = {
-            name: ocp.args.StandardRestore(target) for name, target in targets.items()}
+            name: ocp.args.StandardRestore(target) for name, target in targets.items()
+        }
         if data_iterator is not None:
             items["data_iterator"] = DataIteratorRestore(data_iterator)
         try:
@@ -382,20 +400,26 @@ class CheckpointManager:
                 saved = self._manager.item_metadata(step)
         except Exception as error:  # noqa: BLE001 (an unreadable item: damage)
             item = _item_of(error, _ITEMS)
-            raise self._damaged(step, "array metadata" if item == "arrays" else item,
-                                _first_line(error)) from error
+            raise self._damaged(
+                step, "array metadata" if item == "arrays" else item, _first_line(error)
+            ) from error
         for name, target in targets.items():
             item = saved.get(name) if hasattr(saved, "get") else None
             if item is None:
                 raise self._damaged(step, name, "the item is missing")
             tree = getattr(item, "tree", item)
-            have = {integrity.leaf_name(p): tuple(x.shape) for p, x in
-                    jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "shape")}
-            want = {integrity.leaf_name(p): tuple(x.shape) for p, x in
-                    jax.tree_util.tree_flatten_with_path(target)[0] if hasattr(x, "shape")}
+            have = {
+                integrity.leaf_name(p): tuple(x.shape)
+                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+                if hasattr(x, "shape")
+            }
+            want = {
+                integrity.leaf_name(p): tuple(x.shape)
+                for p, x in jax.tree_util.tree_flatten_with_path(target)[0]
+                if hasattr(x, "shape")
+            }
             if have != want:
-                raise IncompatibleCheckpointError(os.fspath(self.directory), step, name,
-                                                  have, want)
+                raise IncompatibleCheckpointError(os.fspath(self.directory), step, name, have, want)
 
     def _damaged(self, step: int, item: str, detail: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(os.fspath(self.directory), step, item, detail)
@@ -434,8 +458,9 @@ class CheckpointManager:
             return "damaged", [f"{error.item}: {error.detail}"]
         except Exception as error:  # noqa: BLE001
             item = _item_of(error, _ITEMS)
-            return "damaged", [f"{'array metadata' if item == 'arrays' else item}: "
-                               f"{_first_line(error)}"]
+            return "damaged", [
+                f"{'array metadata' if item == 'arrays' else item}: {_first_line(error)}"
+            ]
         checksums = metadata.get("checksums") or {}
         problems = []
         device = jax.local_devices(backend="cpu")[0]
@@ -448,11 +473,15 @@ class CheckpointManager:
             tree = getattr(item, "tree", item)
             target = jax.tree.map(
                 lambda a: jax.ShapeDtypeStruct(
-                    a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(device)), tree)
+                    a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
+                ),
+                tree,
+            )
             try:
                 with _quiet_abandoned_reads():
-                    values = self._manager.restore(step, args=ocp.args.Composite(
-                        **{name: ocp.args.StandardRestore(target)}))[name]
+                    values = self._manager.restore(
+                        step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)})
+                    )[name]
             except Exception as error:  # noqa: BLE001
                 problems.append(f"{name}: {_first_line(error)}")
                 continue
@@ -467,8 +496,10 @@ class CheckpointManager:
                 if path.is_dir():
                     damaged = integrity.verify_file_digests(os.fspath(path))
                     if damaged:
-                        problems.append(f"data_iterator/{path.name}: files differ from their "
-                                        f"checksums: {', '.join(damaged)}")
+                        problems.append(
+                            f"data_iterator/{path.name}: files differ from their "
+                            f"checksums: {', '.join(damaged)}"
+                        )
         if problems:
             return "damaged", problems
         return ("ok" if checksums else "unverified"), []
@@ -504,18 +535,27 @@ class CheckpointManager:
 class IncompatibleCheckpointError(ValueError):
     """A checkpoint whose arrays have other shapes than the network (or optimizer) restoring it."""
 
-    def __init__(self, directory: str, step: int, item: str, saved: Mapping[str, tuple],
-                 wanted: Mapping[str, tuple]):
+    def __init__(
+        self,
+        directory: str,
+        step: int,
+        item: str,
+        saved: Mapping[str, tuple],
+        wanted: Mapping[str, tuple],
+    ):
         differ = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
-        shown = "; ".join(f"{k}: {saved.get(k, 'absent')} in the checkpoint, "
-                          f"{wanted.get(k, 'absent')} here" for k in differ[:3])
+        shown = "; ".join(
+            f"{k}: {saved.get(k, 'absent')} in the checkpoint, {wanted.get(k, 'absent')} here"
+            for k in differ[:3]
+        )
         more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
         what = "network" if item == "params" else "optimizer"
         super().__init__(
             f"The checkpoint of step {step} in {directory} belongs to another {what}: {shown}"
             f"{more}. Resume with the configuration that wrote it (its model_config.json and "
             "config.gin are beside it), or give a new MODEL_DIR; to start a new run from its "
-            "parameters, use INIT_CHECKPOINT.")
+            "parameters, use INIT_CHECKPOINT."
+        )
         self.step, self.item = step, item
 
 
@@ -533,7 +573,8 @@ class IncompatibleDataPipelineError(ValueError):
             "does not fit this run's input pipeline (tf.data says the dataset definition "
             "changed: another objective, preprocessing, or a t2t version that builds it "
             "differently). Resume with the configuration and version that wrote it, or start a "
-            "new MODEL_DIR from its parameters with INIT_CHECKPOINT. Nothing was moved.")
+            "new MODEL_DIR from its parameters with INIT_CHECKPOINT. Nothing was moved."
+        )
         self.step = step
 
 
@@ -621,8 +662,7 @@ def _jsonable(value: Any) -> Any:
         return float(value)  # numpy and jax scalars
     except (TypeError, ValueError):
         raise TypeError(
-            f"Checkpoint metadata must be JSON-serializable; got {type(value).__name__}: "
-            f"{value!r}."
+            f"Checkpoint metadata must be JSON-serializable; got {type(value).__name__}: {value!r}."
         ) from None
 
 

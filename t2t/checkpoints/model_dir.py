@@ -137,7 +137,10 @@ class ModelDir:
     # -- weights -------------------------------------------------------------------------------
 
     def restore_params(
-        self, step: int | None = None, *, config: t2t_nn.TransformerConfig | None = None,
+        self,
+        step: int | None = None,
+        *,
+        config: t2t_nn.TransformerConfig | None = None,
         partitioner: Any = None,
     ) -> tuple[nnx.State, dict[str, Any]]:
         """The parameters and metadata of `step` (default: the latest).
@@ -183,14 +186,20 @@ class ModelDir:
                 print(f"{error}\nTrying the checkpoint before it.", file=sys.stderr, flush=True)
                 continue
             if skipped:
-                print(f"Using step {candidate} of {self.path}, the newest intact checkpoint.",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"Using step {candidate} of {self.path}, the newest intact checkpoint.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return loaded
         if not skipped:
             raise FileNotFoundError(f"{self.path} holds no checkpoint yet.")
         raise manager_lib.CorruptCheckpointError(
-            self.path, skipped[0].step, "every checkpoint",
-            "no intact checkpoint is left (`t2t check` lists what is damaged)")
+            self.path,
+            skipped[0].step,
+            "every checkpoint",
+            "no intact checkpoint is left (`t2t check` lists what is damaged)",
+        )
 
     def _load(self, step: int, partitioner: Any, model_kwargs: dict[str, Any]) -> Loaded:
         config = self.config(step)
@@ -215,7 +224,10 @@ class ModelDir:
 
 
 def load_members(
-    model_dir: str | None, checkpoints: Sequence[str | int] = (), *, step: int | None = None,
+    model_dir: str | None,
+    checkpoints: Sequence[str | int] = (),
+    *,
+    step: int | None = None,
     partitioner: Any = None,
 ) -> tuple[Loaded, nnx.State | tuple[nnx.State, ...]]:
     """The model wrapper and parameters of one checkpoint or of an ensemble.

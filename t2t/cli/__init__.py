@@ -18,14 +18,24 @@ from t2t import terminal
 from t2t.cli import data_commands, decode_commands, run_commands
 
 SUBCOMMANDS = [
-    data_commands.add_vocab, data_commands.add_cache, run_commands.add_train, run_commands.add_chain,
-    run_commands.add_study, decode_commands.add_eval, decode_commands.add_infer, decode_commands.add_export,
-    decode_commands.add_average, run_commands.add_compile, run_commands.add_check,
+    data_commands.add_vocab,
+    data_commands.add_cache,
+    run_commands.add_train,
+    run_commands.add_chain,
+    run_commands.add_study,
+    decode_commands.add_eval,
+    decode_commands.add_infer,
+    decode_commands.add_export,
+    decode_commands.add_average,
+    run_commands.add_compile,
+    run_commands.add_check,
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="t2t", description="Text-to-text Transformer pretraining in JAX.")
+    parser = argparse.ArgumentParser(
+        prog="t2t", description="Text-to-text Transformer pretraining in JAX."
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in SUBCOMMANDS:
         add(subparsers)
@@ -42,7 +52,7 @@ def split_gin_bindings(argv: list[str]) -> tuple[list[str], list[str]]:
     items = iter(argv)
     for item in items:
         if item.startswith("--gin.") and item != "--gin.":
-            name, equals, value = item[len("--gin."):].partition("=")
+            name, equals, value = item[len("--gin.") :].partition("=")
             if not equals:
                 value = next(items, None)
                 if value is None:
@@ -72,14 +82,19 @@ def _stop_at_once_on_signals(command: str):
         from t2t.checkpoints import lock
 
         lock.release_all()  # the model directory is free again at once
-        print(f"t2t {command}: stopped by {signal.Signals(signum).name} outside the training "
-              "loop (starting up or finishing); every checkpoint reported saved is kept. Run "
-              "the same command again to go on.", file=sys.stderr, flush=True)
+        print(
+            f"t2t {command}: stopped by {signal.Signals(signum).name} outside the training "
+            "loop (starting up or finishing); every checkpoint reported saved is kept. Run "
+            "the same command again to go on.",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
         os._exit(_PREEMPTED_EXIT_CODE)
 
-    previous = {number: signal.signal(number, handler)
-                for number in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         yield
     finally:
@@ -108,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
         return 2
-    signals = (_stop_at_once_on_signals(args.command) if args.command in _TRAINING_COMMANDS
-               else contextlib.nullcontext())
+    signals = (
+        _stop_at_once_on_signals(args.command)
+        if args.command in _TRAINING_COMMANDS
+        else contextlib.nullcontext()
+    )
     try:
         with signals:  # the trainer takes over while it trains (saves, then stops)
             code = args.handler(args)
@@ -117,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"t2t {args.command}: {terminal.error_message(stopped)}", file=sys.stderr)
         return _PREEMPTED_EXIT_CODE
     except KeyboardInterrupt:  # a second Ctrl-C
-        print(f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
-              "reported saved.", file=sys.stderr)
+        print(
+            f"t2t {args.command}: interrupted; nothing was saved after the last checkpoint "
+            "reported saved.",
+            file=sys.stderr,
+        )
         return 130
     except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
         terminal.print_traceback(show_traceback)
@@ -130,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
             return 2
         terminal.print_traceback(True)
-        print(f"t2t {args.command}: internal error: {type(error).__name__}: "
-              f"{terminal.error_message(error)}\nThis is a bug in t2t (or an input it failed to "
-              "check); please report it with the command and the stack above.", file=sys.stderr)
+        print(
+            f"t2t {args.command}: internal error: {type(error).__name__}: "
+            f"{terminal.error_message(error)}\nThis is a bug in t2t (or an input it failed to "
+            "check); please report it with the command and the stack above.",
+            file=sys.stderr,
+        )
         return 1
     return code if isinstance(code, int) else 0
 
@@ -153,4 +177,3 @@ def console() -> None:
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, exit_now)
     sys.exit(code)
-

@@ -17,17 +17,38 @@ def add_vocab(subparsers) -> None:
         "or Romanian sources to mix them with the English ones by --ratio, as the T5 paper did.",
     )
     parser.add_argument("--output", required=True, help="path of the .model file to write")
-    parser.add_argument("--source", action="append", required=True,
-                        help="English (or any) text: a file glob or tfds:NAME[#FEATURE]; repeatable")
-    parser.add_argument("--german", help="German text source, e.g. tfds:wmt_t2t_translate/de-en:1.0.0#de")
-    parser.add_argument("--french", help="French text source, e.g. tfds:wmt15_translate/fr-en:1.0.0#fr")
-    parser.add_argument("--romanian", help="Romanian text source, e.g. tfds:wmt16_translate/ro-en:1.0.0#ro")
-    parser.add_argument("--ratio", default="10:1:1:1",
-                        help="documents English:German:French:Romanian (default: the paper's 10:1:1:1)")
-    parser.add_argument("--num_pieces", type=int, default=32_000,
-                        help="SentencePiece pieces; the vocabulary adds 100 sentinels (default 32000)")
-    parser.add_argument("--max_characters", type=int, default=500_000_000,
-                        help="stop reading sources after this many characters")
+    parser.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        help="English (or any) text: a file glob or tfds:NAME[#FEATURE]; repeatable",
+    )
+    parser.add_argument(
+        "--german", help="German text source, e.g. tfds:wmt_t2t_translate/de-en:1.0.0#de"
+    )
+    parser.add_argument(
+        "--french", help="French text source, e.g. tfds:wmt15_translate/fr-en:1.0.0#fr"
+    )
+    parser.add_argument(
+        "--romanian", help="Romanian text source, e.g. tfds:wmt16_translate/ro-en:1.0.0#ro"
+    )
+    parser.add_argument(
+        "--ratio",
+        default="10:1:1:1",
+        help="documents English:German:French:Romanian (default: the paper's 10:1:1:1)",
+    )
+    parser.add_argument(
+        "--num_pieces",
+        type=int,
+        default=32_000,
+        help="SentencePiece pieces; the vocabulary adds 100 sentinels (default 32000)",
+    )
+    parser.add_argument(
+        "--max_characters",
+        type=int,
+        default=500_000_000,
+        help="stop reading sources after this many characters",
+    )
     parser.add_argument("--character_coverage", type=float, default=0.9995)
     parser.add_argument("--seed", type=int, default=0)
 
@@ -36,14 +57,22 @@ def add_vocab(subparsers) -> None:
 
         start = time.time()
         path = vocab.train_vocabulary(
-            args.output, args.source, german=args.german, french=args.french,
-            romanian=args.romanian, ratio=args.ratio, num_pieces=args.num_pieces,
-            max_characters=args.max_characters, character_coverage=args.character_coverage,
+            args.output,
+            args.source,
+            german=args.german,
+            french=args.french,
+            romanian=args.romanian,
+            ratio=args.ratio,
+            num_pieces=args.num_pieces,
+            max_characters=args.max_characters,
+            character_coverage=args.character_coverage,
             seed=args.seed,
         )
         size = vocab.load_vocabulary(path).vocab_size
-        print(f"wrote {path}: {args.num_pieces} pieces, vocabulary size {size} with sentinels "
-              f"({time.time() - start:.0f} s)")
+        print(
+            f"wrote {path}: {args.num_pieces} pieces, vocabulary size {size} with sentinels "
+            f"({time.time() - start:.0f} s)"
+        )
 
     parser.set_defaults(handler=handler)
 
@@ -60,19 +89,39 @@ def add_cache(subparsers) -> None:
         "--output_cache_dir, which training then reads with --seqio_cache_dir and "
         "use_cached=True.",
     )
-    parser.add_argument("--cache_dir", help="built-in corpus root (default $T2T_CACHE_DIR or "
-                        "~/.cache/t2t)")
-    parser.add_argument("--num_pieces", type=int, default=None,
-                        help="vocabulary pieces (default: the built-in corpus's 1948)")
-    parser.add_argument("--task", dest="tasks", action="append", default=[],
-                        help="a task or mixture to cache (repeatable or comma-separated)")
+    parser.add_argument(
+        "--cache_dir", help="built-in corpus root (default $T2T_CACHE_DIR or ~/.cache/t2t)"
+    )
+    parser.add_argument(
+        "--num_pieces",
+        type=int,
+        default=None,
+        help="vocabulary pieces (default: the built-in corpus's 1948)",
+    )
+    parser.add_argument(
+        "--task",
+        dest="tasks",
+        action="append",
+        default=[],
+        help="a task or mixture to cache (repeatable or comma-separated)",
+    )
     parser.add_argument("--output_cache_dir", help="the seqio cache root to write (with --task)")
-    parser.add_argument("--module", dest="modules", action="append", default=[],
-                        help="a module registering the tasks (repeatable; Beam workers import "
-                        "it too), e.g. t2t.data.tasks.glue")
-    parser.add_argument("--pipeline_option", dest="pipeline_options", action="append",
-                        default=[], help="a Beam pipeline option (repeatable), e.g. "
-                        "--pipeline_option=--runner=DataflowRunner; default: DirectRunner")
+    parser.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        default=[],
+        help="a module registering the tasks (repeatable; Beam workers import "
+        "it too), e.g. t2t.data.tasks.glue",
+    )
+    parser.add_argument(
+        "--pipeline_option",
+        dest="pipeline_options",
+        action="append",
+        default=[],
+        help="a Beam pipeline option (repeatable), e.g. "
+        "--pipeline_option=--runner=DataflowRunner; default: DirectRunner",
+    )
     parser.add_argument("--overwrite", action="store_true", help="rebuild tasks already cached")
     parser.add_argument("--tfds_data_dir", help="where the TFDS datasets are prepared")
 
@@ -92,9 +141,11 @@ def add_cache(subparsers) -> None:
         stats = corpus.stats
         for split in cache.SPLITS:
             c = stats[f"corpus_{split}"]
-            print(f"{split:>10}: {c['documents']} documents, {c['words']} words, {c['tokens']} tokens; "
-                  f"summarize {stats[f'summarize_{split}']['examples']}, "
-                  f"package {stats[f'package_{split}']['examples']} examples")
+            print(
+                f"{split:>10}: {c['documents']} documents, {c['words']} words, {c['tokens']} tokens; "
+                f"summarize {stats[f'summarize_{split}']['examples']}, "
+                f"package {stats[f'package_{split}']['examples']} examples"
+            )
         print(f"vocabulary: {corpus.vocabulary_path} ({stats['vocab_size']} ids with sentinels)")
 
     parser.set_defaults(handler=handler)
@@ -105,18 +156,27 @@ def _cache_tasks(args, report) -> None:
     from t2t.data import caching
 
     if not args.output_cache_dir:
-        raise UserError("t2t cache --task needs --output_cache_dir, the seqio cache root to "
-                        "write (e.g. --output_cache_dir=/data/seqio_cache).")
+        raise UserError(
+            "t2t cache --task needs --output_cache_dir, the seqio cache root to "
+            "write (e.g. --output_cache_dir=/data/seqio_cache)."
+        )
     if args.tfds_data_dir:
         import seqio
 
         seqio.set_tfds_data_dir_override(args.tfds_data_dir)
     names = [n.strip() for item in args.tasks for n in item.split(",") if n.strip()]
     runs.import_task_modules(args.modules, names)
-    directories = caching.cache_tasks(names, args.output_cache_dir, modules=args.modules,
-                                      pipeline_options=args.pipeline_options,
-                                      overwrite=args.overwrite, report=report)
+    directories = caching.cache_tasks(
+        names,
+        args.output_cache_dir,
+        modules=args.modules,
+        pipeline_options=args.pipeline_options,
+        overwrite=args.overwrite,
+        report=report,
+    )
     for name, directory in directories.items():
         print(f"{name}: {directory}")
-    print(f"train on them with --seqio_cache_dir={args.output_cache_dir} "
-          "--gin.t2t.runs.train.use_cached=True")
+    print(
+        f"train on them with --seqio_cache_dir={args.output_cache_dir} "
+        "--gin.t2t.runs.train.use_cached=True"
+    )

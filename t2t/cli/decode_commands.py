@@ -8,29 +8,47 @@ from t2t.cli.gin_flags import add_gin_flags, configure, ints, lengths
 
 def add_decoding_flags(parser) -> None:
     parser.add_argument("--batch_size", type=int, help="rows per decoding batch (default 32)")
-    parser.add_argument("--method", choices=("greedy", "beam", "sample"),
-                        help="decoding method (default greedy)")
-    parser.add_argument("--beam_size", type=int,
-                        help="beam width (default 4; implies --method=beam)")
+    parser.add_argument(
+        "--method", choices=("greedy", "beam", "sample"), help="decoding method (default greedy)"
+    )
+    parser.add_argument(
+        "--beam_size", type=int, help="beam width (default 4; implies --method=beam)"
+    )
     parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
-    parser.add_argument("--beam_rule", choices=("t5x", "hf"),
-                        help="which beam candidates may finish: t5x (T5X / Mesh TensorFlow, the "
-                        "paper's; default) or hf (HF transformers generate)")
-    parser.add_argument("--max_decode_length", type=int,
-                        help="output tokens to decode (default: the targets length)")
-    parser.add_argument("--first_cache_length", type=int,
-                        help="self-attention cache positions of the first decoding phase; "
-                        "longer decodes grow it in phases (default 32; speed only)")
-    parser.add_argument("--mesh_shape", type=ints,
-                        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; "
-                        "default one device")
+    parser.add_argument(
+        "--beam_rule",
+        choices=("t5x", "hf"),
+        help="which beam candidates may finish: t5x (T5X / Mesh TensorFlow, the "
+        "paper's; default) or hf (HF transformers generate)",
+    )
+    parser.add_argument(
+        "--max_decode_length",
+        type=int,
+        help="output tokens to decode (default: the targets length)",
+    )
+    parser.add_argument(
+        "--first_cache_length",
+        type=int,
+        help="self-attention cache positions of the first decoding phase; "
+        "longer decodes grow it in phases (default 32; speed only)",
+    )
+    parser.add_argument(
+        "--mesh_shape",
+        type=ints,
+        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; default one device",
+    )
     parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
-    parser.add_argument("--module", dest="modules", action="append",
-                        help="task registration module to import, e.g. t2t.data.tasks.glue")
+    parser.add_argument(
+        "--module",
+        dest="modules",
+        action="append",
+        help="task registration module to import, e.g. t2t.data.tasks.glue",
+    )
 
 
-def run_handler(function_name: str, flag_names: tuple[str, ...],
-                 exclusive: dict[str, object] | None = None):
+def run_handler(
+    function_name: str, flag_names: tuple[str, ...], exclusive: dict[str, object] | None = None
+):
     """A handler that parses gin and calls `t2t.runs.<function_name>` with the flags given.
 
     Flags left out are not passed, so gin bindings supply them. `exclusive` maps alternative
@@ -43,8 +61,11 @@ def run_handler(function_name: str, flag_names: tuple[str, ...],
 
         configure(args)
         # `is` tests: a flag given as 0 (0 == False) is passed, only unset ones are left out.
-        kwargs = {name: getattr(args, name) for name in flag_names
-                  if getattr(args, name, None) is not None and getattr(args, name) is not False}
+        kwargs = {
+            name: getattr(args, name)
+            for name in flag_names
+            if getattr(args, name, None) is not None and getattr(args, name) is not False
+        }
         if exclusive and set(exclusive) & set(kwargs):
             kwargs = {**exclusive, **kwargs}
         if "beam_size" in kwargs and "method" not in kwargs:
@@ -59,16 +80,38 @@ def run_handler(function_name: str, flag_names: tuple[str, ...],
     return handler
 
 
-_DECODING = ("batch_size", "method", "beam_size", "alpha", "beam_rule", "max_decode_length",
-             "first_cache_length", "mesh_shape", "sharding_mode", "modules")
+_DECODING = (
+    "batch_size",
+    "method",
+    "beam_size",
+    "alpha",
+    "beam_rule",
+    "max_decode_length",
+    "first_cache_length",
+    "mesh_shape",
+    "sharding_mode",
+    "modules",
+)
 # Flags that are fields of `t2t.decoding.DecodingConfig`, passed to the run as one config.
-_DECODING_FIELDS = ("method", "beam_size", "alpha", "beam_rule", "max_decode_length",
-                    "min_length", "temperature", "top_k", "top_p", "seed", "first_cache_length")
+_DECODING_FIELDS = (
+    "method",
+    "beam_size",
+    "alpha",
+    "beam_rule",
+    "max_decode_length",
+    "min_length",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "first_cache_length",
+)
 
 
 def add_eval(subparsers) -> None:
     parser = subparsers.add_parser(
-        "eval", help="evaluate checkpoints on seqio tasks; report the best checkpoint per task",
+        "eval",
+        help="evaluate checkpoints on seqio tasks; report the best checkpoint per task",
         description="Run the seqio Evaluator (decode, postprocess, metrics) for the latest, a "
         "given, or every checkpoint of a model directory. Prints a table per step and the best "
         "checkpoint per task, writes TensorBoard summaries and <model_dir>/eval/results.json.",
@@ -80,32 +123,65 @@ def add_eval(subparsers) -> None:
     which.add_argument("--steps", type=ints, help="evaluate these steps (comma-separated)")
     which.add_argument("--all_steps", action="store_true", help="evaluate every saved step")
     parser.add_argument("--split", help="the split to evaluate (default validation)")
-    parser.add_argument("--task_feature_lengths", type=lengths,
-                        help="cut examples, e.g. inputs=512,targets=114 (default: no cut)")
+    parser.add_argument(
+        "--task_feature_lengths",
+        type=lengths,
+        help="cut examples, e.g. inputs=512,targets=114 (default: no cut)",
+    )
     parser.add_argument("--num_examples", type=int, help="at most this many examples per task")
-    parser.add_argument("--output_file",
-                        help="results JSON (default <model_dir>/eval/results.json)")
-    parser.add_argument("--log_predictions", action="store_true",
-                        help="write predictions per task and step under <model_dir>/eval")
-    parser.add_argument("--rank_classification", nargs="?", const=True, default=None,
-                        metavar="TASKS", help="score every label of a classification task and "
-                        "predict the likeliest instead of decoding: all tasks, or these "
-                        "(comma-separated)")
-    parser.add_argument("--checkpoints", help="evaluate an ensemble of these checkpoints: steps "
-                        "of --model_dir and/or model directories (DIR or DIR@STEP), "
-                        "comma-separated; writes <model_dir>/eval/ensemble_results.json")
+    parser.add_argument(
+        "--output_file", help="results JSON (default <model_dir>/eval/results.json)"
+    )
+    parser.add_argument(
+        "--log_predictions",
+        action="store_true",
+        help="write predictions per task and step under <model_dir>/eval",
+    )
+    parser.add_argument(
+        "--rank_classification",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="TASKS",
+        help="score every label of a classification task and "
+        "predict the likeliest instead of decoding: all tasks, or these "
+        "(comma-separated)",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        help="evaluate an ensemble of these checkpoints: steps "
+        "of --model_dir and/or model directories (DIR or DIR@STEP), "
+        "comma-separated; writes <model_dir>/eval/ensemble_results.json",
+    )
     add_decoding_flags(parser)
     add_gin_flags(parser)
-    parser.set_defaults(handler=run_handler("evaluate", (
-        "model_dir", "tasks", "step", "steps", "all_steps", "split", "task_feature_lengths",
-        "num_examples", "output_file", "log_predictions", "rank_classification", "checkpoints",
-        *_DECODING),
-        exclusive={"step": None, "steps": None, "all_steps": False}))
+    parser.set_defaults(
+        handler=run_handler(
+            "evaluate",
+            (
+                "model_dir",
+                "tasks",
+                "step",
+                "steps",
+                "all_steps",
+                "split",
+                "task_feature_lengths",
+                "num_examples",
+                "output_file",
+                "log_predictions",
+                "rank_classification",
+                "checkpoints",
+                *_DECODING,
+            ),
+            exclusive={"step": None, "steps": None, "all_steps": False},
+        )
+    )
 
 
 def add_infer(subparsers) -> None:
     parser = subparsers.add_parser(
-        "infer", help="predict or score a JSONL/TSV file or a task; writes JSONL",
+        "infer",
+        help="predict or score a JSONL/TSV file or a task; writes JSONL",
         description="Decode (or score the targets of) examples from a JSONL file "
         '({"inputs": ..., "targets"?: ...}), a TSV file (inputs[<TAB>targets]) or a registered '
         "task or mixture, with one checkpoint or an ensemble (logits averaged), and write "
@@ -113,8 +189,11 @@ def add_infer(subparsers) -> None:
     )
     parser.add_argument("--model_dir", help="the run's model directory")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    parser.add_argument("--checkpoints", help="ensemble members, comma-separated: steps of "
-                        "--model_dir and/or model directories (DIR or DIR@STEP)")
+    parser.add_argument(
+        "--checkpoints",
+        help="ensemble members, comma-separated: steps of "
+        "--model_dir and/or model directories (DIR or DIR@STEP)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input_file", help="JSONL or TSV examples")
     source.add_argument("--task", help="a registered task or mixture")
@@ -131,15 +210,37 @@ def add_infer(subparsers) -> None:
     parser.add_argument("--seed", type=int, help="sampling seed")
     add_decoding_flags(parser)
     add_gin_flags(parser)
-    parser.set_defaults(handler=run_handler("infer", (
-        "output_file", "model_dir", "step", "checkpoints", "input_file", "task", "split", "mode",
-        "vocabulary_file", "inputs_length", "targets_length", "num_examples", "temperature",
-        "top_k", "top_p", "seed", *_DECODING), exclusive={"input_file": None, "task": None}))
+    parser.set_defaults(
+        handler=run_handler(
+            "infer",
+            (
+                "output_file",
+                "model_dir",
+                "step",
+                "checkpoints",
+                "input_file",
+                "task",
+                "split",
+                "mode",
+                "vocabulary_file",
+                "inputs_length",
+                "targets_length",
+                "num_examples",
+                "temperature",
+                "top_k",
+                "top_p",
+                "seed",
+                *_DECODING,
+            ),
+            exclusive={"input_file": None, "task": None},
+        )
+    )
 
 
 def add_export(subparsers) -> None:
     parser = subparsers.add_parser(
-        "export", help="write a HF transformers release directory from a checkpoint",
+        "export",
+        help="write a HF transformers release directory from a checkpoint",
         description="Write safetensors weights, config.json, the SentencePiece tokenizer files, "
         "the run's gin config and a model card, loadable with "
         "T5ForConditionalGeneration.from_pretrained and T5Tokenizer.from_pretrained.",
@@ -148,18 +249,29 @@ def add_export(subparsers) -> None:
     parser.add_argument("--output_dir", help="the release directory to write")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
-    parser.add_argument("--eval_results", help="results JSON of `t2t eval` for the model card "
-                        "(default <model_dir>/eval/results.json if present)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="write into a non-empty --output_dir, replacing same-named files")
+    parser.add_argument(
+        "--eval_results",
+        help="results JSON of `t2t eval` for the model card "
+        "(default <model_dir>/eval/results.json if present)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --output_dir, replacing same-named files",
+    )
     add_gin_flags(parser)
-    parser.set_defaults(handler=run_handler("export", (
-        "model_dir", "output_dir", "step", "vocabulary_file", "eval_results", "overwrite")))
+    parser.set_defaults(
+        handler=run_handler(
+            "export",
+            ("model_dir", "output_dir", "step", "vocabulary_file", "eval_results", "overwrite"),
+        )
+    )
 
 
 def add_average(subparsers) -> None:
     parser = subparsers.add_parser(
-        "average", help="average the parameters of the last N (or given) checkpoints",
+        "average",
+        help="average the parameters of the last N (or given) checkpoints",
         description="Write the element-wise mean of checkpoints' parameters as a new model "
         "directory (one checkpoint, parameters only), read one checkpoint at a time.",
     )
@@ -169,6 +281,10 @@ def add_average(subparsers) -> None:
     which.add_argument("--last", type=int, help="average the last N checkpoints")
     which.add_argument("--steps", type=ints, help="average these steps (comma-separated)")
     add_gin_flags(parser)
-    parser.set_defaults(handler=run_handler(
-        "average", ("model_dir", "output_dir", "last", "steps"),
-        exclusive={"last": None, "steps": None}))
+    parser.set_defaults(
+        handler=run_handler(
+            "average",
+            ("model_dir", "output_dir", "last", "steps"),
+            exclusive={"last": None, "steps": None},
+        )
+    )

@@ -13,25 +13,47 @@ from t2t.errors import UserError
 
 def add_gin_flags(parser) -> None:
     """--gin_file, --gin_search_paths and --import; `--gin.NAME=VALUE` is gathered by `main`."""
-    parser.add_argument("--gin_file", action="append", default=[],
-                        help="gin file configuring the run (repeatable, parsed in order), e.g. "
-                        "gin/experiments/tiny_builtin_demo.gin")
-    parser.add_argument("--gin_search_paths", action="append", default=[],
-                        help="directories to look up gin files and their includes in "
-                        "(repeatable or comma-separated; the checkout's gin/ is always searched)")
-    parser.add_argument("--import", dest="imports", action="append", default=[],
-                        help="a Python module to import first, e.g. one registering your tasks "
-                        "(repeatable; the working directory is searched; gin files may also "
-                        "`import` them)")
-    parser.add_argument("--tfds_data_dir",
-                        help="where TFDS datasets are prepared (default $TFDS_DATA_DIR or "
-                        "~/tensorflow_datasets); prepare one with `tfds build NAME --data_dir=DIR`")
-    parser.add_argument("--seqio_cache_dir", dest="seqio_cache_dirs", action="append",
-                        default=[], help="a seqio cache root written by `t2t cache --task` "
-                        "(repeatable), read by tasks with use_cached=True")
-    parser.epilog = ("Gin bindings: --gin.NAME=VALUE (e.g. --gin.MODEL_DIR=\"'/tmp/run'\"). "
-                     "Flags override gin bindings of the same argument. --traceback shows the "
-                     "stack of an error; --verbose keeps the libraries' own log lines.")
+    parser.add_argument(
+        "--gin_file",
+        action="append",
+        default=[],
+        help="gin file configuring the run (repeatable, parsed in order), e.g. "
+        "gin/experiments/tiny_builtin_demo.gin",
+    )
+    parser.add_argument(
+        "--gin_search_paths",
+        action="append",
+        default=[],
+        help="directories to look up gin files and their includes in "
+        "(repeatable or comma-separated; the checkout's gin/ is always searched)",
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        help="a Python module to import first, e.g. one registering your tasks "
+        "(repeatable; the working directory is searched; gin files may also "
+        "`import` them)",
+    )
+    parser.add_argument(
+        "--tfds_data_dir",
+        help="where TFDS datasets are prepared (default $TFDS_DATA_DIR or "
+        "~/tensorflow_datasets); prepare one with `tfds build NAME --data_dir=DIR`",
+    )
+    parser.add_argument(
+        "--seqio_cache_dir",
+        dest="seqio_cache_dirs",
+        action="append",
+        default=[],
+        help="a seqio cache root written by `t2t cache --task` "
+        "(repeatable), read by tasks with use_cached=True",
+    )
+    parser.epilog = (
+        "Gin bindings: --gin.NAME=VALUE (e.g. --gin.MODEL_DIR=\"'/tmp/run'\"). "
+        "Flags override gin bindings of the same argument. --traceback shows the "
+        "stack of an error; --verbose keeps the libraries' own log lines."
+    )
 
 
 def configure(args, *, finalize: bool = True) -> None:
@@ -52,7 +74,8 @@ def configure(args, *, finalize: bool = True) -> None:
             raise UserError(
                 f"--import {module}: {type(error).__name__}: {error}. The module must be "
                 "importable from the working directory or $PYTHONPATH (e.g. ./mytasks.py for "
-                "--import mytasks, or an installed package).") from error
+                "--import mytasks, or an installed package)."
+            ) from error
     if getattr(args, "tfds_data_dir", None):
         import seqio
 
@@ -61,22 +84,27 @@ def configure(args, *, finalize: bool = True) -> None:
     if getattr(args, "seqio_cache_dirs", None):
         import seqio
 
-        seqio.add_global_cache_dirs([d for item in args.seqio_cache_dirs
-                                     for d in item.split(",") if d])
+        seqio.add_global_cache_dirs(
+            [d for item in args.seqio_cache_dirs for d in item.split(",") if d]
+        )
     paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
     try:
         runs.configure(args.gin_file, args.gin_bindings, paths, finalize=finalize)
     except tokenize.TokenError as error:  # e.g. a bracket never closed: gin reads to the end
         raise ValueError(
             f"gin could not parse {_unbalanced(args.gin_file, args.gin_bindings, paths)}: "
-            f"{error.args[0]} (a bracket or quote opened and never closed).") from None
+            f"{error.args[0]} (a bracket or quote opened and never closed)."
+        ) from None
     except SyntaxError as error:  # gin could not parse a file or a --gin.NAME=VALUE binding
         where = f"{error.filename}, line {error.lineno}" if error.filename else "a binding"
         # gin's message ends with its own reason ("Failed to parse token 'runs'"); the lines
         # before it repeat Python's parser, object addresses included.
         reason = ((error.msg or "").strip().splitlines() or ["invalid syntax"])[-1].strip()
-        quote = ("quote strings, e.g. MODEL_DIR = 'runs/x'" if error.filename else
-                 "quote strings inside the flag, e.g. --gin.MODEL_DIR=\"'runs/x'\"")
+        quote = (
+            "quote strings, e.g. MODEL_DIR = 'runs/x'"
+            if error.filename
+            else "quote strings inside the flag, e.g. --gin.MODEL_DIR=\"'runs/x'\""
+        )
         raise ValueError(
             f"gin could not parse {where}: {(error.text or '').strip()!r} ({reason.rstrip('.')}). "
             f"Values are Python literals, %MACROS or @references: {quote}."

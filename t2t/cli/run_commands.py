@@ -23,14 +23,18 @@ def add_train(subparsers) -> None:
         from t2t import runs
 
         if not args.gin_file:
-            raise ValueError("t2t train needs at least one --gin_file, e.g. "
-                             "--gin_file=gin/experiments/tiny_builtin_demo.gin")
+            raise ValueError(
+                "t2t train needs at least one --gin_file, e.g. "
+                "--gin_file=gin/experiments/tiny_builtin_demo.gin"
+            )
         configure(args)
         summary = runs.train()
         first, last = summary["first_loss"], summary["last_loss"]
         if first is not None:
-            print(f"trained steps {summary['first_step']} -> {summary['last_step']}: loss "
-                  f"{first:.3f} -> {last:.3f}; {summary['tokens_seen']} tokens seen")
+            print(
+                f"trained steps {summary['first_step']} -> {summary['last_step']}: loss "
+                f"{first:.3f} -> {last:.3f}; {summary['tokens_seen']} tokens seen"
+            )
         for name, value in summary["eval"].items():
             print(f"  {name}: {value:.4f}")
 
@@ -39,40 +43,51 @@ def add_train(subparsers) -> None:
 
 def add_chain(subparsers) -> None:
     parser = subparsers.add_parser(
-        "chain", help="train a chain of stages (pretrain -> intermediate -> target) in one go",
+        "chain",
+        help="train a chain of stages (pretrain -> intermediate -> target) in one go",
         description="Run the stages a chain file lists (t2t.chain.run.stages), each an ordinary "
         "training run in <MODEL_DIR>/<stage>, each starting from the previous stage's selected "
         "checkpoint (best by a metric, or the last). Rerunning resumes: finished stages are "
         "skipped. Example: t2t chain --gin_file=gin/chains/stilts_builtin.gin "
         "--gin.MODEL_DIR=\"'runs/stilts'\" --gin.INIT_CHECKPOINT=\"'runs/demo'\"",
     )
-    parser.add_argument("--stage_gin", action="append", default=[], metavar="BINDING",
-                        help="a gin binding added to every stage, e.g. --stage_gin="
-                        "\"t2t.runs.train.progress = False\" (repeatable)")
-    parser.add_argument("--dry_run", action="store_true",
-                        help="print each stage's t2t train command; train nothing")
+    parser.add_argument(
+        "--stage_gin",
+        action="append",
+        default=[],
+        metavar="BINDING",
+        help="a gin binding added to every stage, e.g. --stage_gin="
+        '"t2t.runs.train.progress = False" (repeatable)',
+    )
+    parser.add_argument(
+        "--dry_run", action="store_true", help="print each stage's t2t train command; train nothing"
+    )
     add_gin_flags(parser)
 
     def handler(args) -> None:
         from t2t import chain
 
         if not args.gin_file:
-            raise ValueError("t2t chain needs a chain file, e.g. "
-                             "--gin_file=gin/chains/stilts_builtin.gin")
+            raise ValueError(
+                "t2t chain needs a chain file, e.g. --gin_file=gin/chains/stilts_builtin.gin"
+            )
         configure(args)
         paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
         result = chain.run(bindings=args.stage_gin, dry_run=args.dry_run, search_paths=paths)
         if not args.dry_run:
             for record in result["stages"]:
-                print(f"  {record['name']}: {record['model_dir']} -> step "
-                      f"{record['selected_step']} ({record['selection'].rsplit('@', 1)[1]})")
+                print(
+                    f"  {record['name']}: {record['model_dir']} -> step "
+                    f"{record['selected_step']} ({record['selection'].rsplit('@', 1)[1]})"
+                )
 
     parser.set_defaults(handler=handler)
 
 
 def add_study(subparsers) -> None:
     parser = subparsers.add_parser(
-        "study", help="run a study (arms x tasks x seeds) and aggregate it: study.md/json/png",
+        "study",
+        help="run a study (arms x tasks x seeds) and aggregate it: study.md/json/png",
         description="Run the grid a study file declares (gin/studies/NAME.gin, or --gin_file), "
         "each run an ordinary model directory under the study directory; rerunning skips "
         "finished runs and resumes the rest. Then aggregate: per arm and task mean +- std over "
@@ -80,20 +95,39 @@ def add_study(subparsers) -> None:
         "ordering beside the paper's, in study.md, study.json and study.png. Example: t2t study "
         "finetuning_methods --study_dir=runs/studies/finetuning_methods",
     )
-    parser.add_argument("name", nargs="?", help="a study of gin/studies/ (without .gin); "
-                        "--gin_file adds files after it, e.g. a profile of "
-                        "gin/studies/profiles/ for the real benchmarks")
-    parser.add_argument("--study_dir", help="where runs and results go (default: the file's "
-                        "STUDY_DIR)")
+    parser.add_argument(
+        "name",
+        nargs="?",
+        help="a study of gin/studies/ (without .gin); "
+        "--gin_file adds files after it, e.g. a profile of "
+        "gin/studies/profiles/ for the real benchmarks",
+    )
+    parser.add_argument(
+        "--study_dir", help="where runs and results go (default: the file's STUDY_DIR)"
+    )
     parser.add_argument("--seeds", type=ints, help="restarts, e.g. 0,1,2 (default: the file's)")
-    parser.add_argument("--arms", type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
-                        help="only these arms, comma-separated names (default: all the file's)")
-    parser.add_argument("--print_commands", action="store_true",
-                        help="print every run's t2t train commands; train nothing")
-    parser.add_argument("--aggregate_only", action="store_true",
-                        help="train nothing; aggregate the runs that have results")
-    parser.add_argument("--stage_gin", action="append", default=[], metavar="BINDING",
-                        help="a gin binding added to every stage of every run (repeatable)")
+    parser.add_argument(
+        "--arms",
+        type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
+        help="only these arms, comma-separated names (default: all the file's)",
+    )
+    parser.add_argument(
+        "--print_commands",
+        action="store_true",
+        help="print every run's t2t train commands; train nothing",
+    )
+    parser.add_argument(
+        "--aggregate_only",
+        action="store_true",
+        help="train nothing; aggregate the runs that have results",
+    )
+    parser.add_argument(
+        "--stage_gin",
+        action="append",
+        default=[],
+        metavar="BINDING",
+        help="a gin binding added to every stage of every run (repeatable)",
+    )
     add_gin_flags(parser)
 
     def handler(args) -> None:
@@ -102,11 +136,12 @@ def add_study(subparsers) -> None:
         if args.name:  # the study's file first; --gin_file ones (a profile) after it
             args.gin_file = [_study_file(args.name), *args.gin_file]
         if not args.gin_file:
-            raise ValueError("t2t study needs a study: a name from gin/studies/ (e.g. t2t study "
-                             "finetuning_methods) or --gin_file=FILE.")
+            raise ValueError(
+                "t2t study needs a study: a name from gin/studies/ (e.g. t2t study "
+                "finetuning_methods) or --gin_file=FILE."
+            )
         configure(args)
-        overrides = {"print_commands": args.print_commands,
-                     "aggregate_only": args.aggregate_only}
+        overrides = {"print_commands": args.print_commands, "aggregate_only": args.aggregate_only}
         if args.study_dir:
             overrides["study_dir"] = args.study_dir
         if args.seeds:
@@ -121,8 +156,7 @@ def add_study(subparsers) -> None:
         paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
         result = runner.run(search_paths=paths, **overrides)
         if result is not None:
-            print(f"study written to {result['study_dir']}/study.md (and study.json, "
-                  "study.png)")
+            print(f"study written to {result['study_dir']}/study.md (and study.json, study.png)")
 
     parser.set_defaults(handler=handler)
 
@@ -135,8 +169,11 @@ def _study_file(name: str) -> str:
         if os.path.exists(path):
             return path
     root = runs.default_search_paths()[0]
-    known = sorted(f[:-4] for f in os.listdir(os.path.join(root, "studies"))
-                   if f.endswith(".gin")) if os.path.isdir(os.path.join(root, "studies")) else []
+    known = (
+        sorted(f[:-4] for f in os.listdir(os.path.join(root, "studies")) if f.endswith(".gin"))
+        if os.path.isdir(os.path.join(root, "studies"))
+        else []
+    )
     raise ValueError(f"No study {name!r}; gin/studies/ has {known}.")
 
 
@@ -155,21 +192,37 @@ def add_compile(subparsers) -> None:
         "--sharding_mode=fsdp --remat_policy=full --scan_layers",
     )
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--topology", help="a Cloud TPU slice: GENERATION:CHIPS, e.g. v5e:4x4, "
-                        "v4:4x4x4, v5p:8x8x16, v3:16x32 (v2, v3, v4, v5e, v5p, v6e)")
+    target.add_argument(
+        "--topology",
+        help="a Cloud TPU slice: GENERATION:CHIPS, e.g. v5e:4x4, "
+        "v4:4x4x4, v5p:8x8x16, v3:16x32 (v2, v3, v4, v5e, v5p, v6e)",
+    )
     target.add_argument("--cpu_devices", type=int, help="compile for N CPU devices instead")
-    parser.add_argument("--device_memory_gib", type=float,
-                        help="with --cpu_devices: memory per device to check against")
+    parser.add_argument(
+        "--device_memory_gib",
+        type=float,
+        help="with --cpu_devices: memory per device to check against",
+    )
     parser.add_argument("--batch_size", type=int, help="global batch (default: the run's)")
     parser.add_argument("--mesh_shape", type=ints, help="DATA,MODEL (default: the run's)")
     parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
     parser.add_argument("--num_microbatches", type=int)
-    parser.add_argument("--remat_policy",
-                        choices=("none", "full", "dots", "dots_with_no_batch_dims"))
-    parser.add_argument("--scan_layers", action="store_true", default=None,
-                        help="scan the layers (default: the model config's)")
-    parser.add_argument("--no_decode", dest="decode", action="store_false", default=None,
-                        help="compile the train step only")
+    parser.add_argument(
+        "--remat_policy", choices=("none", "full", "dots", "dots_with_no_batch_dims")
+    )
+    parser.add_argument(
+        "--scan_layers",
+        action="store_true",
+        default=None,
+        help="scan the layers (default: the model config's)",
+    )
+    parser.add_argument(
+        "--no_decode",
+        dest="decode",
+        action="store_false",
+        default=None,
+        help="compile the train step only",
+    )
     parser.add_argument("--output_json", help="write the report there as JSON")
     add_gin_flags(parser)
 
@@ -181,12 +234,24 @@ def add_compile(subparsers) -> None:
         from t2t import runs
 
         if not args.gin_file:
-            raise ValueError("t2t compile needs the run's --gin_file, e.g. "
-                             "--gin_file=gin/experiments/t5_1_1_base_c4.gin")
+            raise ValueError(
+                "t2t compile needs the run's --gin_file, e.g. "
+                "--gin_file=gin/experiments/t5_1_1_base_c4.gin"
+            )
         configure(args, finalize=False)
-        names = ("topology", "cpu_devices", "device_memory_gib", "batch_size", "mesh_shape",
-                 "sharding_mode", "num_microbatches", "remat_policy", "scan_layers", "decode",
-                 "output_json")
+        names = (
+            "topology",
+            "cpu_devices",
+            "device_memory_gib",
+            "batch_size",
+            "mesh_shape",
+            "sharding_mode",
+            "num_microbatches",
+            "remat_policy",
+            "scan_layers",
+            "decode",
+            "output_json",
+        )
         kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
         report = runs.compile_train(**kwargs)
         return 1 if report.fits is False else 0
@@ -196,7 +261,8 @@ def add_compile(subparsers) -> None:
 
 def add_check(subparsers) -> None:
     parser = subparsers.add_parser(
-        "check", help="verify every checkpoint of a model directory against its checksums",
+        "check",
+        help="verify every checkpoint of a model directory against its checksums",
         description="Read every array and data-iterator file of every checkpoint of a model "
         "directory and compare them with the checksums saved with them. Prints one line per "
         "checkpoint; exits 1 when any is damaged (damaged checkpoints are skipped by train, "
@@ -212,16 +278,21 @@ def add_check(subparsers) -> None:
             raise ValueError(f"{args.model_dir} holds no checkpoint to check.")
 
         def report(step: int, status: str, problems: list[str]) -> None:
-            note = {"ok": "", "unverified": " (saved without checksums: read back without "
-                    "error, values not verified)"}.get(status, "")
+            note = {
+                "ok": "",
+                "unverified": " (saved without checksums: read back without "
+                "error, values not verified)",
+            }.get(status, "")
             print(f"step {step}: {status}{note}", flush=True)
             for problem in problems:
                 print(f"    {problem}", flush=True)
 
         results = directory.check(report)
         damaged = [step for step, (status, _) in results.items() if status == "damaged"]
-        print(f"{len(results)} checkpoints, {len(damaged)} damaged"
-              + (f" (steps {', '.join(map(str, damaged))})" if damaged else ""))
+        print(
+            f"{len(results)} checkpoints, {len(damaged)} damaged"
+            + (f" (steps {', '.join(map(str, damaged))})" if damaged else "")
+        )
         return 1 if damaged else 0
 
     parser.set_defaults(handler=handler)

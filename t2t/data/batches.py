@@ -54,8 +54,9 @@ def stack_rows(rows: Sequence[Mapping[str, np.ndarray]], size: int) -> Batch:
     return {name: np.stack([np.asarray(row[name]) for row in padded]) for name in rows[0]}
 
 
-def eval_batches(config: pipeline.PipelineConfig,
-                 num_batches: int | None = None) -> Callable[[], Iterator[Batch]]:
+def eval_batches(
+    config: pipeline.PipelineConfig, num_batches: int | None = None
+) -> Callable[[], Iterator[Batch]]:
     """A function giving, on every call, the same batches of one pass over `config`'s data.
 
     Args:

@@ -42,7 +42,8 @@ def tasks_to_cache(names: Sequence[str]) -> list[seqio.Task]:
             raise UserError(
                 f"Task {task.name} cannot be cached: its preprocessors have no "
                 "seqio.CacheDatasetPlaceholder() (add one after the deterministic steps, e.g. "
-                "after tokenization), or it depends on the sequence length before it.")
+                "after tokenization), or it depends on the sequence length before it."
+            )
         registry.check_ready(task)
     return list(tasks.values())
 
@@ -74,8 +75,10 @@ def cache_tasks(
     from seqio import beam_utils
 
     tasks = tasks_to_cache(names)
-    directories = {task.name: os.path.join(output_cache_dir, seqio.get_task_dir_from_name(task.name))
-                   for task in tasks}
+    directories = {
+        task.name: os.path.join(output_cache_dir, seqio.get_task_dir_from_name(task.name))
+        for task in tasks
+    }
     todo = []
     for task in tasks:
         directory = directories[task.name]
@@ -97,16 +100,26 @@ def cache_tasks(
                 preprocess = beam_utils.PreprocessTask(task, split, modules_to_import=list(modules))
                 shards = len(preprocess.shards)
                 report(f"{task.name}/{split}: {shards} source shard(s) -> {directory}")
-                examples = (pipeline | f"{label}_preprocess" >> preprocess
-                            | f"{label}_shuffle" >> beam.Reshuffle())
+                examples = (
+                    pipeline
+                    | f"{label}_preprocess" >> preprocess
+                    | f"{label}_shuffle" >> beam.Reshuffle()
+                )
                 _ = examples | f"{label}_write" >> beam_utils.WriteExampleTfRecord(
-                    seqio.get_cached_tfrecord_prefix(directory, split), num_shards=shards)
-                _ = (examples | f"{label}_info" >> beam_utils.GetInfo(shards)
-                     | f"{label}_write_info" >> beam_utils.WriteJson(
-                         seqio.get_cached_info_path(directory, split)))
-                _ = (examples | f"{label}_stats" >> beam_utils.GetStats(task.output_features)
-                     | f"{label}_write_stats" >> beam_utils.WriteJson(
-                         seqio.get_cached_stats_path(directory, split)))
+                    seqio.get_cached_tfrecord_prefix(directory, split), num_shards=shards
+                )
+                _ = (
+                    examples
+                    | f"{label}_info" >> beam_utils.GetInfo(shards)
+                    | f"{label}_write_info"
+                    >> beam_utils.WriteJson(seqio.get_cached_info_path(directory, split))
+                )
+                _ = (
+                    examples
+                    | f"{label}_stats" >> beam_utils.GetStats(task.output_features)
+                    | f"{label}_write_stats"
+                    >> beam_utils.WriteJson(seqio.get_cached_stats_path(directory, split))
+                )
     for task in todo:  # written once every split is, so a half-built cache is never read
         with tf.io.gfile.GFile(os.path.join(directories[task.name], COMPLETED), "w") as f:
             f.write("")

@@ -74,8 +74,11 @@ class _TrimsFirst:
         count = 0 if self._counter is None else int(self._counter.numpy())
         if count and not self._reported:
             self._reported = True
-            print(f"note: {count} example(s) longer than the feature lengths were trimmed to fit "
-                  "(as seqio's trim_and_pack does).", file=sys.stderr)
+            print(
+                f"note: {count} example(s) longer than the feature lengths were trimmed to fit "
+                "(as seqio's trim_and_pack does).",
+                file=sys.stderr,
+            )
         return count
 
     def __call__(self, ds: tf.data.Dataset, task_feature_lengths: Mapping[str, int]):
@@ -115,7 +118,9 @@ class CausalConcatFeatureConverter(PrefixLMFeatureConverter):
         del converted["decoder_causal_attention"]
         return converted
 
-    def get_model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> Mapping[str, int]:
+    def get_model_feature_lengths(
+        self, task_feature_lengths: Mapping[str, int]
+    ) -> Mapping[str, int]:
         lengths = dict(super().get_model_feature_lengths(task_feature_lengths))
         del lengths["decoder_causal_attention"]
         return lengths
@@ -158,8 +163,9 @@ def feature_converter(
     if not has_inputs:
         return LMFeatureConverter(pack=pack, count_trimmed=count_trimmed, trim=trim)
     cls = PrefixLMFeatureConverter if architecture == "prefix_lm" else CausalConcatFeatureConverter
-    return cls(loss_on_targets_only=loss_on_targets_only, pack=pack, count_trimmed=count_trimmed,
-               trim=trim)
+    return cls(
+        loss_on_targets_only=loss_on_targets_only, pack=pack, count_trimmed=count_trimmed, trim=trim
+    )
 
 
 def task_has_inputs(provider: seqio.Task | seqio.Mixture) -> bool:

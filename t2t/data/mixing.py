@@ -38,7 +38,9 @@ PAPER_K_SWEEP = tuple(2**p for p in range(16, 22))  # 2^16 .. 2^21
 PAPER_TEMPERATURES = (2, 4, 8)  # with K = 2^21
 
 
-def num_examples(task: seqio.Task, split: str = "train", sizes: Mapping[str, int] | None = None) -> int:
+def num_examples(
+    task: seqio.Task, split: str = "train", sizes: Mapping[str, int] | None = None
+) -> int:
     """The number of examples of `task`'s `split`: from `sizes` if named there, else the task's.
 
     Raises:

@@ -61,7 +61,8 @@ class PipelineConfig:
     num_shards: int = 1
     max_examples: int | None = None
     feature_converter: Callable[..., seqio.FeatureConverter] | None = dataclasses.field(
-        default=None, compare=False, repr=False)
+        default=None, compare=False, repr=False
+    )
 
     def __post_init__(self):
         if not 0 <= self.shard_index < self.num_shards:
@@ -101,11 +102,11 @@ def build_dataset_and_subset(config: PipelineConfig):
     # seqio's Task.get_dataset has trimmed the examples to `lengths` already; no trim stage, so
     # the tf.data graph (and the iterator positions saved with checkpoints) stays as it was.
     if config.feature_converter is not None:
-        converter = config.feature_converter(pack=config.pack, has_inputs=has_inputs,
-                                             trim=False)
+        converter = config.feature_converter(pack=config.pack, has_inputs=has_inputs, trim=False)
     else:
-        converter = features.feature_converter(config.architecture, has_inputs=has_inputs,
-                                               pack=config.pack, trim=False)
+        converter = features.feature_converter(
+            config.architecture, has_inputs=has_inputs, pack=config.pack, trim=False
+        )
     subset = None
     if config.max_examples is not None:
         dataset, subset = _capped(provider, lengths, converter, config)
@@ -139,15 +140,21 @@ def _capped(provider, lengths, converter, config: PipelineConfig):
         raise ValueError(
             f"max_train_examples caps a task, and {provider.name!r} is a mixture. Cap its "
             "tasks instead (register a mixture of tasks you train capped one by one), or train "
-            "on one task.")
+            "on one task."
+        )
     seed = 0 if config.seed is None else config.seed
-    dataset = provider.get_dataset(lengths, split=config.split, use_cached=config.use_cached,
-                                   shuffle=False, num_epochs=1, seed=seed)
+    dataset = provider.get_dataset(
+        lengths,
+        split=config.split,
+        use_cached=config.use_cached,
+        shuffle=False,
+        num_epochs=1,
+        seed=seed,
+    )
     dataset, subset = subsample.subsample(dataset, config.max_examples, seed)
     dataset = dataset.shard(config.num_shards, config.shard_index)
     if config.shuffle:
-        dataset = dataset.shuffle(subset["examples_kept"], seed=seed,
-                                  reshuffle_each_iteration=True)
+        dataset = dataset.shuffle(subset["examples_kept"], seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.repeat(config.num_epochs)
     return converter(dataset, task_feature_lengths=lengths), subset
 

@@ -60,7 +60,8 @@ def _make_room(registry, kind: str, name: str, owner: str) -> None:
                 f"A {kind} named {name!r} is already registered "
                 f"({f'by {previous}' if previous else 'outside t2t'}); {owner} registers another "
                 f"under the same name. Rename one of them, or remove the first with "
-                f"seqio.{registry.__name__}.remove({name!r}).")
+                f"seqio.{registry.__name__}.remove({name!r})."
+            )
         registry.remove(name)
 
 
@@ -77,17 +78,26 @@ def get_task_or_mixture(name: str) -> seqio.Task | seqio.Mixture:
       ValueError: when nothing is registered under `name`; the message lists the nearest names.
     """
     if not isinstance(name, str):
-        raise TypeError(f"Expected a task or mixture name (str), got {type(name).__name__}: {name!r}.")
+        raise TypeError(
+            f"Expected a task or mixture name (str), got {type(name).__name__}: {name!r}."
+        )
     if name in seqio.MixtureRegistry.names():
         return seqio.MixtureRegistry.get(name)
     if name in seqio.TaskRegistry.names():
         return seqio.TaskRegistry.get(name)
     names = registered_names()
     if not names:
-        raise ValueError(f"No task or mixture named {name!r}: nothing is registered. {_IMPORT_HINT}")
+        raise ValueError(
+            f"No task or mixture named {name!r}: nothing is registered. {_IMPORT_HINT}"
+        )
     near = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
-    suggestion = f"Nearest registered names: {', '.join(near)}." if near else (
-        f"No registered name is close; {len(names)} are registered, e.g. {', '.join(names[:5])}.")
+    suggestion = (
+        f"Nearest registered names: {', '.join(near)}."
+        if near
+        else (
+            f"No registered name is close; {len(names)} are registered, e.g. {', '.join(names[:5])}."
+        )
+    )
     raise ValueError(f"No task or mixture named {name!r}. {suggestion} {_IMPORT_HINT}")
 
 
@@ -109,14 +119,19 @@ def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = Fals
             path = getattr(feature.vocabulary, "sentencepiece_model_file", None)
             if path and "://" not in path and not os.path.exists(path):
                 if path == os.environ.get("T2T_VOCABULARY"):
-                    fix = ("$T2T_VOCABULARY names it: point it at a SentencePiece model (T5's is "
-                           "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model; copy it "
-                           "locally, or train one with `t2t vocab`).")
+                    fix = (
+                        "$T2T_VOCABULARY names it: point it at a SentencePiece model (T5's is "
+                        "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model; copy it "
+                        "locally, or train one with `t2t vocab`)."
+                    )
                 else:
-                    fix = ("Put the SentencePiece model there, or fix the path where the task "
-                           "is registered.")
+                    fix = (
+                        "Put the SentencePiece model there, or fix the path where the task "
+                        "is registered."
+                    )
                 raise UserError(
-                    f"Task {task.name}: the {name!r} vocabulary {path} does not exist. {fix}")
+                    f"Task {task.name}: the {name!r} vocabulary {path} does not exist. {fix}"
+                )
         if use_cached:
             if not task.cache_dir:
                 dirs = seqio.get_global_cache_dirs() or ["(none set)"]
@@ -124,7 +139,8 @@ def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = Fals
                     f"Task {task.name} has no seqio cache in the cache directories "
                     f"{', '.join(dirs)}. Build it with `t2t cache --task {task.name} "
                     "--output_cache_dir DIR` and train with --seqio_cache_dir DIR, or drop "
-                    "use_cached=True to preprocess on the fly.")
+                    "use_cached=True to preprocess on the fly."
+                )
             continue
         source = task.source
         if isinstance(source, seqio.TfdsDataSource):
@@ -140,4 +156,5 @@ def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = Fals
                     f"prepared in {builder.data_dir_root}. Prepare it once where the network "
                     f"is reachable: `tfds build {tfds_name.split(':')[0]} --data_dir=DIR` "
                     "(some datasets need a manual download first; `tfds build` says which), "
-                    "then pass --tfds_data_dir=DIR (or set $TFDS_DATA_DIR=DIR).")
+                    "then pass --tfds_data_dir=DIR (or set $TFDS_DATA_DIR=DIR)."
+                )

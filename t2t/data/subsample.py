@@ -61,9 +61,16 @@ def subsample(dataset, max_examples: int, seed: int) -> tuple[Any, dict[str, Any
     keep = np.zeros(available, bool)
     keep[indices] = True
     keep_tensor = tf.constant(keep)
-    subset = dataset.enumerate().filter(lambda i, _: tf.gather(keep_tensor, i)).map(
-        lambda _, example: example)
+    subset = (
+        dataset.enumerate()
+        .filter(lambda i, _: tf.gather(keep_tensor, i))
+        .map(lambda _, example: example)
+    )
     digest = hashlib.sha256(indices.astype(np.int64).tobytes()).hexdigest()[:16]
-    return subset, {"max_examples": max_examples, "examples_available": available,
-                    "examples_kept": int(len(indices)), "subset_seed": seed,
-                    "subset_digest": digest}
+    return subset, {
+        "max_examples": max_examples,
+        "examples_available": available,
+        "examples_kept": int(len(indices)),
+        "subset_seed": seed,
+        "subset_digest": digest,
+    }

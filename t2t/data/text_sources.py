@@ -34,14 +34,16 @@ class TextSource:
 
     def __post_init__(self):
         if not self.spec:
-            raise ValueError("TextSource.spec is empty; expected a file glob or 'tfds:NAME[#FEATURE]'.")
+            raise ValueError(
+                "TextSource.spec is empty; expected a file glob or 'tfds:NAME[#FEATURE]'."
+            )
         if not self.weight > 0:
             raise ValueError(f"TextSource weight must be > 0, got {self.weight} for {self.spec!r}.")
 
     def documents(self, split: str = "train") -> Iterator[str]:
         """Yields the source's documents as `str`, in a deterministic order."""
         if self.spec.startswith(TFDS_PREFIX):
-            yield from _tfds_documents(self.spec[len(TFDS_PREFIX):], split)
+            yield from _tfds_documents(self.spec[len(TFDS_PREFIX) :], split)
         else:
             yield from _file_documents(self.spec)
 
@@ -62,7 +64,8 @@ def _file_documents(pattern: str) -> Iterator[str]:
                     raise ValueError(
                         f"{path} is not UTF-8 text (line {number}: {error.reason} at byte "
                         f"{error.start}); text sources are UTF-8 files, one document per "
-                        "line.") from None
+                        "line."
+                    ) from None
                 if line:
                     yield line
 
@@ -96,7 +99,9 @@ def parse_ratio(ratio: str, count: int) -> list[float]:
     try:
         parts = [float(p) for p in ratio.split(":")]
     except ValueError:
-        raise ValueError(f"Ratio {ratio!r} is not numbers separated by ':' (e.g. '10:1:1:1').") from None
+        raise ValueError(
+            f"Ratio {ratio!r} is not numbers separated by ':' (e.g. '10:1:1:1')."
+        ) from None
     if len(parts) != count or any(p <= 0 for p in parts):
         raise ValueError(
             f"Ratio {ratio!r} needs {count} positive parts, one per source, got {len(parts)}."

@@ -174,7 +174,9 @@ def train_sentencepiece(
       ValueError: when the text cannot support `num_pieces` pieces.
     """
     if num_pieces < 8:
-        raise ValueError(f"num_pieces must be at least 8 (PAD, EOS, UNK and text), got {num_pieces}.")
+        raise ValueError(
+            f"num_pieces must be at least 8 (PAD, EOS, UNK and text), got {num_pieces}."
+        )
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     # NOTE: SentencePiece swallows an exception raised by the sentence iterator and reports an
@@ -274,5 +276,9 @@ def train_vocabulary(
     mixed += [text_sources.TextSource(spec, weight) for spec, weight in languages if spec]
     documents = text_sources.mix_documents(mixed, weighted=weighted, max_characters=max_characters)
     return train_sentencepiece(
-        documents, model_path, num_pieces=num_pieces, character_coverage=character_coverage, seed=seed
+        documents,
+        model_path,
+        num_pieces=num_pieces,
+        character_coverage=character_coverage,
+        seed=seed,
     )

@@ -184,8 +184,9 @@ Spec = str
 def check_specs(specs: Sequence[Spec], what: str) -> None:
     """Raises ValueError for a spec that is neither a group, a layer nor a valid regex."""
     if isinstance(specs, str):
-        raise TypeError(f"{what} must be a list of specs, got the string {specs!r}; write "
-                        f"[{specs!r}].")
+        raise TypeError(
+            f"{what} must be a list of specs, got the string {specs!r}; write [{specs!r}]."
+        )
     for spec in specs:
         if spec in GROUPS or _LAYER_SPEC.match(spec):
             continue

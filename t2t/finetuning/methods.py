@@ -68,21 +68,31 @@ class FineTuning:
                 groups.check_specs(value, f"FineTuning.{name}")
                 object.__setattr__(self, name, tuple(value))
         if self.unfreeze_every is not None and (
-                not isinstance(self.unfreeze_every, int) or self.unfreeze_every < 1):
-            raise ValueError(f"FineTuning.unfreeze_every must be a positive number of steps or "
-                             f"None, got {self.unfreeze_every!r}.")
+            not isinstance(self.unfreeze_every, int) or self.unfreeze_every < 1
+        ):
+            raise ValueError(
+                f"FineTuning.unfreeze_every must be a positive number of steps or "
+                f"None, got {self.unfreeze_every!r}."
+            )
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
-            raise ValueError(f"FineTuning.layer_decay must be in (0, 1] or None (the paper-style "
-                             f"values are 0.8-0.95), got {self.layer_decay!r}.")
+            raise ValueError(
+                f"FineTuning.layer_decay must be in (0, 1] or None (the paper-style "
+                f"values are 0.8-0.95), got {self.layer_decay!r}."
+            )
         if self.prompt_init not in PROMPT_INITS:
-            raise ValueError(f"FineTuning.prompt_init must be one of {PROMPT_INITS}, got "
-                             f"{self.prompt_init!r}.")
+            raise ValueError(
+                f"FineTuning.prompt_init must be one of {PROMPT_INITS}, got {self.prompt_init!r}."
+            )
 
     @property
     def is_plain(self) -> bool:
         """Whether this is ordinary fine-tuning of every parameter."""
-        return (self.trainable is None and not self.frozen and self.unfreeze_every is None
-                and self.layer_decay is None)
+        return (
+            self.trainable is None
+            and not self.frozen
+            and self.unfreeze_every is None
+            and self.layer_decay is None
+        )
 
     # -- what trains -------------------------------------------------------------------------
 
@@ -107,13 +117,15 @@ class FineTuning:
                     raise ValueError(
                         f"FineTuning.{name}: {spec!r} selects no parameter of this network "
                         f"(stacks {depths}; additions need their config field: adapter_size "
-                        "for 'adapters', lora_rank for 'lora', prompt_length for 'prompt').")
+                        "for 'adapters', lora_rank for 'lora', prompt_length for 'prompt')."
+                    )
 
     def labels(self, params: Any, depths: Mapping[str, int] | None = None) -> Any:
         """The `optax.multi_transform` label of each parameter: trainable, frozen or partial."""
         masks = self.masks(params, depths)
-        return _map_masks(lambda m: PARTIAL if isinstance(m, np.ndarray) else (
-            TRAINABLE if m else FROZEN), masks)
+        return _map_masks(
+            lambda m: PARTIAL if isinstance(m, np.ndarray) else (TRAINABLE if m else FROZEN), masks
+        )
 
     def describe(self, params: Any) -> dict[str, Any]:
         """What trains, for the run's metadata: specs, counts and the fraction trained."""
@@ -134,8 +146,9 @@ class FineTuning:
 
     # -- the optimizer -----------------------------------------------------------------------
 
-    def wrap(self, tx: optax.GradientTransformation, depths: Mapping[str, int]
-             ) -> optax.GradientTransformation:
+    def wrap(
+        self, tx: optax.GradientTransformation, depths: Mapping[str, int]
+    ) -> optax.GradientTransformation:
         """`tx` restricted to the trainable parameters, with the layer methods' update scales.
 
         Wholly frozen parameters get `optax.set_to_zero()` (no state); parameters of scanned
@@ -150,17 +163,20 @@ class FineTuning:
         depths = dict(depths)
         scaled = tx
         if self.layer_decay is not None or self.unfreeze_every is not None:
-            scaled = optax.chain(tx, scale_by_layer(depths, self.layer_decay,
-                                                    self.unfreeze_every))
+            scaled = optax.chain(tx, scale_by_layer(depths, self.layer_decay, self.unfreeze_every))
 
         def partial_masks(params):
             masks = self.masks(params, depths)
             return _map_masks(lambda m: m if isinstance(m, np.ndarray) else True, masks)
 
         return optax.multi_transform(
-            {TRAINABLE: scaled, FROZEN: optax.set_to_zero(),
-             PARTIAL: optax.chain(scaled, mask_layers(partial_masks))},
-            lambda params: self.labels(params, depths))
+            {
+                TRAINABLE: scaled,
+                FROZEN: optax.set_to_zero(),
+                PARTIAL: optax.chain(scaled, mask_layers(partial_masks)),
+            },
+            lambda params: self.labels(params, depths),
+        )
 
 
 def depths_of_config(config) -> dict[str, int]:
@@ -197,9 +213,14 @@ def _layer_shape(shape: tuple[int, ...], stacked: bool) -> tuple[int, ...]:
     return (shape[0],) + (1,) * (len(shape) - 1) if stacked else ()
 
 
-def layer_factors(path: str, shape: tuple[int, ...], depths: dict[str, int],
-                  layer_decay: float | None, unfreeze_every: int | None,
-                  step: jax.Array) -> jax.Array | float:
+def layer_factors(
+    path: str,
+    shape: tuple[int, ...],
+    depths: dict[str, int],
+    layer_decay: float | None,
+    unfreeze_every: int | None,
+    step: jax.Array,
+) -> jax.Array | float:
     """The factor of one parameter's update at `step` (0-based count of updates so far).
 
     Layer-wise rates: `layer_decay ** (n - 1 - i)`. Gradual unfreezing: 1 when layer i is among
@@ -213,15 +234,16 @@ def layer_factors(path: str, shape: tuple[int, ...], depths: dict[str, int],
     from_top = where.num_layers - 1 - layers
     factor = jnp.ones(layers.shape, jnp.float32)
     if layer_decay is not None:
-        factor = factor * jnp.asarray(layer_decay ** from_top, jnp.float32)
+        factor = factor * jnp.asarray(layer_decay**from_top, jnp.float32)
     if unfreeze_every is not None:
         episode = step // unfreeze_every
         factor = factor * (jnp.asarray(from_top) <= episode).astype(jnp.float32)
     return factor.reshape(_layer_shape(shape, where.stacked))
 
 
-def scale_by_layer(depths: Mapping[str, int], layer_decay: float | None,
-                   unfreeze_every: int | None) -> optax.GradientTransformation:
+def scale_by_layer(
+    depths: Mapping[str, int], layer_decay: float | None, unfreeze_every: int | None
+) -> optax.GradientTransformation:
     """Scales each parameter's update by its `layer_factors` at the current step."""
 
     def init(params):
@@ -231,8 +253,11 @@ def scale_by_layer(depths: Mapping[str, int], layer_decay: float | None,
     def update(updates, state, params=None):
         del params
         factors = groups.map_params(
-            lambda path, shape: layer_factors(path, shape, depths, layer_decay, unfreeze_every,
-                                              state.count), updates)
+            lambda path, shape: layer_factors(
+                path, shape, depths, layer_decay, unfreeze_every, state.count
+            ),
+            updates,
+        )
         updates = jax.tree.map(lambda u, f: (u * f).astype(u.dtype), updates, factors)
         return updates, StepState(state.count + 1)
 

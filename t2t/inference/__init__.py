@@ -38,7 +38,19 @@ from t2t.inference.run import infer
 from t2t.inference.tasks import task_examples, task_records
 
 __all__ = [
-    "DEFAULT_INPUTS_LENGTH", "DEFAULT_MAX_DECODE_LENGTH", "INPUT_FORMATS", "Example", "Params",
-    "Predictor", "convert", "encode_examples", "infer", "predict_examples", "read_examples",
-    "score_examples", "task_examples", "task_records", "write_jsonl",
+    "DEFAULT_INPUTS_LENGTH",
+    "DEFAULT_MAX_DECODE_LENGTH",
+    "INPUT_FORMATS",
+    "Example",
+    "Params",
+    "Predictor",
+    "convert",
+    "encode_examples",
+    "infer",
+    "predict_examples",
+    "read_examples",
+    "score_examples",
+    "task_examples",
+    "task_records",
+    "write_jsonl",
 ]

@@ -42,7 +42,8 @@ def read_examples(path: str, file_format: str | None = None) -> list[dict[str, s
             except UnicodeDecodeError as error:
                 raise ValueError(
                     f"{path}:{number} is not UTF-8 text ({error.reason} at byte {error.start} "
-                    "of the line); --input_file takes UTF-8 JSONL or TSV.") from None
+                    "of the line); --input_file takes UTF-8 JSONL or TSV."
+                ) from None
             if line.strip():
                 examples.append(parse(line, f"{path}:{number}"))
     if not examples:
@@ -68,7 +69,8 @@ def _parse_jsonl_line(line: str, where: str) -> dict[str, str]:
         raise ValueError(f"{where}: not a JSON object ({error}).") from None
     if not isinstance(record, dict) or not isinstance(record.get("inputs"), str):
         raise ValueError(
-            f'{where}: expected {{"inputs": "...", "targets"?: "..."}}, got {line[:80]}.')
+            f'{where}: expected {{"inputs": "...", "targets"?: "..."}}, got {line[:80]}.'
+        )
     example = {"inputs": record["inputs"]}
     if record.get("targets") is not None:
         if not isinstance(record["targets"], str):
@@ -80,8 +82,10 @@ def _parse_jsonl_line(line: str, where: str) -> dict[str, str]:
 def _parse_tsv_line(line: str, where: str) -> dict[str, str]:
     columns = line.split("\t")
     if len(columns) > 2:
-        raise ValueError(f"{where}: expected 'inputs' or 'inputs<TAB>targets', got {len(columns)} "
-                         "tab-separated columns.")
+        raise ValueError(
+            f"{where}: expected 'inputs' or 'inputs<TAB>targets', got {len(columns)} "
+            "tab-separated columns."
+        )
     return dict(zip(("inputs", "targets"), columns))
 
 
@@ -111,6 +115,7 @@ def encode_examples(
       Task-feature examples `{"inputs": [L], "targets": [T]}` (int32, unpadded) and the
       lengths, for `convert`.
     """
+
     def ids(text, length):
         tokens = list(vocabulary.encode(text))
         if length is not None:
@@ -120,10 +125,14 @@ def encode_examples(
     encoded = []
     for example in examples:
         targets = example.get("targets") if with_targets else None
-        encoded.append({
-            "inputs": ids(example["inputs"], inputs_length),
-            "targets": np.zeros(0, np.int32) if targets is None else ids(targets, targets_length),
-        })
+        encoded.append(
+            {
+                "inputs": ids(example["inputs"], inputs_length),
+                "targets": np.zeros(0, np.int32)
+                if targets is None
+                else ids(targets, targets_length),
+            }
+        )
     lengths = {
         "inputs": inputs_length or max(len(e["inputs"]) for e in encoded),
         "targets": targets_length or max(1, max(len(e["targets"]) for e in encoded)),
@@ -159,8 +168,9 @@ def predict_examples(
     Decodes the predictor's `max_decode_length` tokens (DEFAULT_MAX_DECODE_LENGTH if unset);
     targets, when given, are copied to the records and never shown to the model.
     """
-    encoded, lengths = encode_examples(examples, vocabulary, inputs_length=inputs_length,
-                                       with_targets=False)
+    encoded, lengths = encode_examples(
+        examples, vocabulary, inputs_length=inputs_length, with_targets=False
+    )
     features = convert(predictor.model, encoded, lengths)
     length = predictor.max_decode_length or DEFAULT_MAX_DECODE_LENGTH
     tokens, scores = predictor.predict(params, features, max_decode_length=length)
@@ -190,11 +200,14 @@ def score_examples(
         raise ValueError(
             f"Scoring needs a target for every example; examples {missing[:10]} have none."
         )
-    encoded, lengths = encode_examples(examples, vocabulary, inputs_length=inputs_length,
-                                       targets_length=targets_length)
+    encoded, lengths = encode_examples(
+        examples, vocabulary, inputs_length=inputs_length, targets_length=targets_length
+    )
     scores = predictor.score(params, convert(predictor.model, encoded, lengths))
-    return [{"inputs": e["inputs"], "target": e["targets"], "score": s}
-            for e, s in zip(examples, scores)]
+    return [
+        {"inputs": e["inputs"], "target": e["targets"], "score": s}
+        for e, s in zip(examples, scores)
+    ]
 
 
 def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> int:
@@ -213,12 +226,18 @@ def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> int:
     return count
 
 
-def count_longer(examples: Sequence[Mapping[str, str]], vocabulary: seqio.Vocabulary,
-                  inputs_length: int, targets_length: int | None) -> int:
+def count_longer(
+    examples: Sequence[Mapping[str, str]],
+    vocabulary: seqio.Vocabulary,
+    inputs_length: int,
+    targets_length: int | None,
+) -> int:
     """How many examples have a text longer than its length (EOS included), to be cut."""
-    def longer(text: str | None, length: int | None) -> bool:
-        return length is not None and text is not None and \
-            len(vocabulary.encode(text)) > length - 1
 
-    return sum(longer(e["inputs"], inputs_length) or longer(e.get("targets"), targets_length)
-               for e in examples)
+    def longer(text: str | None, length: int | None) -> bool:
+        return length is not None and text is not None and len(vocabulary.encode(text)) > length - 1
+
+    return sum(
+        longer(e["inputs"], inputs_length) or longer(e.get("targets"), targets_length)
+        for e in examples
+    )

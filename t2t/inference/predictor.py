@@ -74,7 +74,8 @@ class Predictor:
         def predict(params, batch, rng, max_decode_length):
             extra = {"rng": rng} if method == "sample" else {}
             tokens, aux = model.predict_batch_with_aux(
-                params, batch, config, max_decode_length=max_decode_length, **extra)
+                params, batch, config, max_decode_length=max_decode_length, **extra
+            )
             return tokens, aux.get("scores")
 
         def score(params, batch):  # an ensemble's score: the mean of its members'
@@ -129,8 +130,9 @@ class Predictor:
                 scores.extend(np.asarray(self._score(params, batch))[:size].tolist())
         return scores
 
-    def rank(self, params: Params, examples: Iterable[Example], candidates: np.ndarray
-             ) -> tuple[list[int], list[list[float]]]:
+    def rank(
+        self, params: Params, examples: Iterable[Example], candidates: np.ndarray
+    ) -> tuple[list[int], list[list[float]]]:
         """Rank classification: for each example, the candidate target it finds most likely.
 
         Args:
@@ -172,7 +174,7 @@ class Predictor:
             return batch
         per_host = self.batch_size // self._num_shards
         start = self._shard_index * per_host
-        local = {name: value[start:start + per_host] for name, value in batch.items()}
+        local = {name: value[start : start + per_host] for name, value in batch.items()}
         return self.partitioner.make_global_batch(local)
 
 

@@ -65,21 +65,33 @@ def infer(
     check_mode(mode)
     if (input_file is None) == (task is None):
         raise ValueError("Pass exactly one of input_file (JSONL/TSV) and task (a task or mixture).")
-    loaded, params = model_dir_lib.load_members(model_dir, checkpoints, step=step,
-                                                partitioner=partitioner)
+    loaded, params = model_dir_lib.load_members(
+        model_dir, checkpoints, step=step, partitioner=partitioner
+    )
     predictor = Predictor(loaded.model, partitioner=partitioner, **predictor_options)
     if task is not None:
         lengths = None
         if inputs_length or targets_length:
             if not (inputs_length and targets_length):
                 raise ValueError(
-                    "Pass both inputs_length and targets_length for a task, or neither.")
+                    "Pass both inputs_length and targets_length for a task, or neither."
+                )
             lengths = {"inputs": inputs_length, "targets": targets_length}
-        records = task_records(predictor, params, task, mode=mode, split=split, lengths=lengths,
-                               num_examples=num_examples)
+        records = task_records(
+            predictor,
+            params,
+            task,
+            mode=mode,
+            split=split,
+            lengths=lengths,
+            num_examples=num_examples,
+        )
         return write_jsonl(output_file, records)
-    vocabulary = (vocab.load_vocabulary(vocabulary_file) if vocabulary_file
-                  else _checkpoint_vocabulary(loaded, model_dir, checkpoints))
+    vocabulary = (
+        vocab.load_vocabulary(vocabulary_file)
+        if vocabulary_file
+        else _checkpoint_vocabulary(loaded, model_dir, checkpoints)
+    )
     examples = read_examples(input_file)[:num_examples]
     # Without lengths, cut to what the model trained on: one 100k-character line must not ask
     # for an unbounded batch.
@@ -87,20 +99,32 @@ def infer(
     inputs_length = inputs_length or int(trained.get("inputs") or DEFAULT_INPUTS_LENGTH)
     if mode == "score":
         targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
-    cut = count_longer(examples, vocabulary, inputs_length,
-                        targets_length if mode == "score" else None)
+    cut = count_longer(
+        examples, vocabulary, inputs_length, targets_length if mode == "score" else None
+    )
     if mode == "predict":
-        records = predict_examples(predictor, params, vocabulary, examples,
-                                   inputs_length=inputs_length)
+        records = predict_examples(
+            predictor, params, vocabulary, examples, inputs_length=inputs_length
+        )
     else:
-        records = score_examples(predictor, params, vocabulary, examples,
-                                 inputs_length=inputs_length, targets_length=targets_length)
+        records = score_examples(
+            predictor,
+            params,
+            vocabulary,
+            examples,
+            inputs_length=inputs_length,
+            targets_length=targets_length,
+        )
     if cut:
-        print(f"note: {cut} of {len(examples)} examples' texts were longer "
-              f"than the feature lengths (inputs {inputs_length}"
-              + (f", targets {targets_length}" if mode == "score" else "")
-              + " tokens, EOS included) and were cut; set --inputs_length/--targets_length "
-              "to change them.", file=sys.stderr, flush=True)
+        print(
+            f"note: {cut} of {len(examples)} examples' texts were longer "
+            f"than the feature lengths (inputs {inputs_length}"
+            + (f", targets {targets_length}" if mode == "score" else "")
+            + " tokens, EOS included) and were cut; set --inputs_length/--targets_length "
+            "to change them.",
+            file=sys.stderr,
+            flush=True,
+        )
     return write_jsonl(output_file, records)
 
 

@@ -20,7 +20,10 @@ def _text(example: Mapping[str, Any], name: str, vocabulary: seqio.Vocabulary) -
 
 
 def task_examples(
-    name: str, *, split: str, lengths: Mapping[str, int] | None = None,
+    name: str,
+    *,
+    split: str,
+    lengths: Mapping[str, int] | None = None,
     num_examples: int | None = None,
 ) -> Iterator[tuple[seqio.Task, list[dict[str, Any]], dict[str, int]]]:
     """Each task of a task or mixture with its examples (in order) and feature lengths.
@@ -42,26 +45,38 @@ def task_examples(
                 f"Task {task.name} has no 'inputs' feature; inference needs inputs to condition on."
             )
         try:
-            dataset = task.get_dataset(sequence_length=lengths, split=split, shuffle=False,
-                                       num_epochs=1, seed=0)
+            dataset = task.get_dataset(
+                sequence_length=lengths, split=split, shuffle=False, num_epochs=1, seed=0
+            )
         except TypeError as error:
-            raise ValueError(f"Task {task.name} needs feature lengths ({error}); pass "
-                             "inputs_length and targets_length.") from error
+            raise ValueError(
+                f"Task {task.name} needs feature lengths ({error}); pass "
+                "inputs_length and targets_length."
+            ) from error
         if num_examples is not None:
             dataset = dataset.take(num_examples)
         examples = list(dataset.as_numpy_iterator())
         if not examples:
             raise ValueError(f"Task {task.name} has no examples in split {split!r}.")
-        task_lengths = dict(lengths) if lengths else {
-            feature: max(1, max(len(e[feature]) for e in examples))
-            for feature in ("inputs", "targets")
-        }
+        task_lengths = (
+            dict(lengths)
+            if lengths
+            else {
+                feature: max(1, max(len(e[feature]) for e in examples))
+                for feature in ("inputs", "targets")
+            }
+        )
         yield task, examples, task_lengths
 
 
 def task_records(
-    predictor: Predictor, params: Params, name: str, *, mode: str = "predict",
-    split: str = "validation", lengths: Mapping[str, int] | None = None,
+    predictor: Predictor,
+    params: Params,
+    name: str,
+    *,
+    mode: str = "predict",
+    split: str = "validation",
+    lengths: Mapping[str, int] | None = None,
     num_examples: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Predicts or scores a task's (or each task of a mixture's) examples, in order.
@@ -75,8 +90,9 @@ def task_records(
     ):
         vocabulary = task.output_features["targets"].vocabulary
         if mode == "predict":
-            unlabeled = [{"inputs": e["inputs"], "targets": np.zeros(0, np.int32)}
-                         for e in examples]
+            unlabeled = [
+                {"inputs": e["inputs"], "targets": np.zeros(0, np.int32)} for e in examples
+            ]
             features = convert(predictor.model, unlabeled, task_lengths)
             length = predictor.max_decode_length or task_lengths["targets"]
             tokens, scores = predictor.predict(params, features, max_decode_length=length)
@@ -88,8 +104,12 @@ def task_records(
             scores = predictor.score(params, convert(predictor.model, examples, task_lengths))
             outputs = [{"score": score} for score in scores]
         for example, output in zip(examples, outputs):
-            yield {"task": task.name, "inputs": _text(example, "inputs", vocabulary),
-                   "target": _text(example, "targets", vocabulary), **output}
+            yield {
+                "task": task.name,
+                "inputs": _text(example, "inputs", vocabulary),
+                "target": _text(example, "targets", vocabulary),
+                **output,
+            }
 
 
 def check_mode(mode: str) -> None:

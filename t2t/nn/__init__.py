@@ -1,8 +1,8 @@
 """The network: configuration presets, layers, attention with a KV cache, and the architectures.
 
-    config = t2t.nn.get_preset("t5_small")
-    model = t2t.nn.build(config, nnx.Rngs(params=0))
-    logits = model(encoder_input_tokens, decoder_input_tokens)  # [B, T, V] float32
+config = t2t.nn.get_preset("t5_small")
+model = t2t.nn.build(config, nnx.Rngs(params=0))
+logits = model(encoder_input_tokens, decoder_input_tokens)  # [B, T, V] float32
 """
 
 from flax import nnx

@@ -26,8 +26,9 @@ LORA_A, LORA_B = "lora_a", "lora_b"
 ADDED_COMPONENTS = ("adapter", LORA_A, LORA_B, "prompt")
 
 
-def merge_lora(params: Mapping[str, Any], config: TransformerConfig
-               ) -> tuple[dict[str, Any], TransformerConfig]:
+def merge_lora(
+    params: Mapping[str, Any], config: TransformerConfig
+) -> tuple[dict[str, Any], TransformerConfig]:
     """The parameters with every LoRA update merged into its kernel, and the config without LoRA.
 
     Works on concrete (numpy) and traced arrays, scanned ([L, ...]) or not; the merge is done in
@@ -52,8 +53,9 @@ def merge_lora(params: Mapping[str, Any], config: TransformerConfig
             a, b = node.pop(LORA_A), node.pop(LORA_B)  # [..., in, r], [..., r, out]
             kernel = node["kernel"]
             xp = np if isinstance(kernel, np.ndarray) else jnp
-            update = xp.einsum("...ir,...ro->...io", xp.asarray(a, np.float32),
-                               xp.asarray(b, np.float32))
+            update = xp.einsum(
+                "...ir,...ro->...io", xp.asarray(a, np.float32), xp.asarray(b, np.float32)
+            )
             node["kernel"] = (xp.asarray(kernel, np.float32) + scale * update).astype(kernel.dtype)
         return node
 

@@ -29,11 +29,19 @@ class MultiHeadAttention(nnx.Module):
         self.dropout_rate = config.dropout_rate
         d, inner = config.d_model, config.inner_dim
         in_names = (axes.EMBED, axes.JOINED_KV)
+
         # NOTE: T5 does not divide attention logits by sqrt(d_kv); the factor is folded into the
         # query initializer instead (std (d_model * d_kv)**-0.5 rather than d_model**-0.5).
         def dense(name, size_in, size_out, names, init):
-            return layers.Dense(size_in, size_out, names=names, config=config, init=init,
-                                rngs=rngs, lora_rank=config.lora_rank_for(name))
+            return layers.Dense(
+                size_in,
+                size_out,
+                names=names,
+                config=config,
+                init=init,
+                rngs=rngs,
+                lora_rank=config.lora_rank_for(name),
+            )
 
         self.query = dense("query", d, inner, in_names, layers.fan_in_init(1.0 / config.d_kv))
         self.key = dense("key", d, inner, in_names, layers.fan_in_init())
@@ -48,8 +56,10 @@ class MultiHeadAttention(nnx.Module):
         """[B, S, D] -> keys and values, each [B, N, S, H] (the cache layout)."""
         k = self._split_heads(self.key(inputs_kv))  # [B, S, N, H]
         v = self._split_heads(self.value(inputs_kv))
-        return (constrain(jnp.swapaxes(k, 1, 2), axes.BNLH),
-                constrain(jnp.swapaxes(v, 1, 2), axes.BNLH))
+        return (
+            constrain(jnp.swapaxes(k, 1, 2), axes.BNLH),
+            constrain(jnp.swapaxes(v, 1, 2), axes.BNLH),
+        )
 
     def __call__(
         self,

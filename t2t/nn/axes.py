@@ -33,17 +33,38 @@ ACT_HEADS = "activation_heads"
 ACT_KV = "activation_kv"
 ACT_VOCAB = "activation_vocab"
 
-PARAM_AXES = (VOCAB, EMBED, MLP, HEADS, KV, JOINED_KV, RELPOS_BUCKETS, LAYERS, ADAPTER, LORA_RANK,
-              PROMPT)
+PARAM_AXES = (
+    VOCAB,
+    EMBED,
+    MLP,
+    HEADS,
+    KV,
+    JOINED_KV,
+    RELPOS_BUCKETS,
+    LAYERS,
+    ADAPTER,
+    LORA_RANK,
+    PROMPT,
+)
 ACTIVATION_AXES = (ACT_BATCH, ACT_LENGTH, ACT_EMBED, ACT_MLP, ACT_HEADS, ACT_KV, ACT_VOCAB)
 
 # A parameter dimension's layout where the parameter is used: its activation counterpart. A
 # weight is constrained to it after the cast to the compute dtype (`t2t.nn.layers.Dense`), so
 # under FSDP each weight is gathered along `embed` in the compute dtype just before its matmul,
 # while tensor-parallel dimensions stay split.
-AT_USE = {VOCAB: ACT_VOCAB, EMBED: ACT_EMBED, MLP: ACT_MLP, HEADS: ACT_HEADS, KV: ACT_KV,
-          JOINED_KV: ACT_HEADS, RELPOS_BUCKETS: None, LAYERS: None, ADAPTER: None,
-          LORA_RANK: None, PROMPT: None}
+AT_USE = {
+    VOCAB: ACT_VOCAB,
+    EMBED: ACT_EMBED,
+    MLP: ACT_MLP,
+    HEADS: ACT_HEADS,
+    KV: ACT_KV,
+    JOINED_KV: ACT_HEADS,
+    RELPOS_BUCKETS: None,
+    LAYERS: None,
+    ADAPTER: None,
+    LORA_RANK: None,
+    PROMPT: None,
+}
 
 # The one-letter dimension alphabet of every shape comment and einsum in t2t (docs/architecture.md):
 #   B batch            L query (sequence) length    S key length / cache positions

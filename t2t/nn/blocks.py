@@ -63,10 +63,18 @@ class DecoderLayer(nnx.Module):
     def _borrowed(self, shared: EncoderLayer | None):
         """(self-attention norm, self-attention, MLP norm, MLP): own, or the shared layer's."""
         if shared is None:
-            return (self.pre_self_attention_layer_norm, self.self_attention,
-                    self.pre_mlp_layer_norm, self.mlp)
-        return (shared.pre_attention_layer_norm, shared.attention,
-                shared.pre_mlp_layer_norm, shared.mlp)
+            return (
+                self.pre_self_attention_layer_norm,
+                self.self_attention,
+                self.pre_mlp_layer_norm,
+                self.mlp,
+            )
+        return (
+            shared.pre_attention_layer_norm,
+            shared.attention,
+            shared.pre_mlp_layer_norm,
+            shared.mlp,
+        )
 
     def __call__(
         self,

@@ -116,9 +116,7 @@ class TransformerConfig:
         for name in ("vocab_size", "d_model", "d_ff", "d_kv", "num_heads", "num_decoder_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be a positive int, got {value!r}."
-                )
+                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}.")
         enc = self.num_encoder_layers
         if not isinstance(enc, int) or isinstance(enc, bool) or enc < 0:
             raise ValueError(
@@ -202,20 +200,24 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(
-                    f"TransformerConfig.{name} must be an int >= 0 (0: none), got {value!r}.")
+                    f"TransformerConfig.{name} must be an int >= 0 (0: none), got {value!r}."
+                )
         unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
         if unknown or (self.lora_rank and not self.lora_targets):
             raise ValueError(
                 f"TransformerConfig.lora_targets must name dense layers from {LORA_TARGETS}; "
-                f"got {self.lora_targets!r}.")
+                f"got {self.lora_targets!r}."
+            )
         if self.lora_alpha is not None and not self.lora_alpha > 0:
             raise ValueError(
-                f"TransformerConfig.lora_alpha must be > 0 or None, got {self.lora_alpha!r}.")
+                f"TransformerConfig.lora_alpha must be > 0 or None, got {self.lora_alpha!r}."
+            )
         if self.prompt_length and self.is_decoder_only:
             raise ValueError(
                 f"prompt_length={self.prompt_length} prepends a soft prompt to the encoder "
                 f"inputs, and architecture={self.architecture!r} has no encoder. Use an "
-                "encoder-decoder architecture, or adapters / LoRA for a decoder-only model.")
+                "encoder-decoder architecture, or adapters / LoRA for a decoder-only model."
+            )
 
     @property
     def lora_scale(self) -> float:
@@ -232,8 +234,11 @@ class TransformerConfig:
     @property
     def additions(self) -> dict[str, int]:
         """The fine-tuning additions this network has beyond the pretrained one (non-zero)."""
-        sizes = {"adapter_size": self.adapter_size, "lora_rank": self.lora_rank,
-                 "prompt_length": self.prompt_length}
+        sizes = {
+            "adapter_size": self.adapter_size,
+            "lora_rank": self.lora_rank,
+            "prompt_length": self.prompt_length,
+        }
         return {k: v for k, v in sizes.items() if v}
 
     @property

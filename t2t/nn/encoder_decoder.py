@@ -130,8 +130,13 @@ class EncoderDecoder(nnx.Module):
         )
         x = self.token_embedder(decoder_input_tokens)
         return self.decoder(
-            x, self_mask, encoded, cross_mask, embedder=self.token_embedder,
-            shared_layers=self._shared_layers(), rngs=rngs,
+            x,
+            self_mask,
+            encoded,
+            cross_mask,
+            embedder=self.token_embedder,
+            shared_layers=self._shared_layers(),
+            rngs=rngs,
         )
 
     def __call__(
@@ -147,10 +152,18 @@ class EncoderDecoder(nnx.Module):
     ) -> jax.Array:
         """[B, L] inputs, [B, T] decoder inputs -> logits [B, T, V] float32."""
         _check_packing(encoder_segment_ids, decoder_segment_ids)
-        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
-                              rngs=rngs)
-        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                           encoder_segment_ids, decoder_segment_ids, decoder_positions, rngs=rngs)
+        encoded = self.encode(
+            encoder_input_tokens, encoder_segment_ids, encoder_positions, rngs=rngs
+        )
+        return self.decode(
+            encoded,
+            encoder_input_tokens,
+            decoder_input_tokens,
+            encoder_segment_ids,
+            decoder_segment_ids,
+            decoder_positions,
+            rngs=rngs,
+        )
 
     def init_cache(
         self, encoded: jax.Array, encoder_input_tokens: jax.Array, max_decode_length: int
@@ -209,7 +222,8 @@ def _refuse_packed_prompt(encoder_segment_ids) -> None:
         raise ValueError(
             "A soft prompt (prompt_length > 0) is prepended to each row of inputs, so rows must "
             "hold one example each: train with pack=False (t2t.runs.train.pack = False; "
-            "gin/finetuning/prompt_tuning.gin sets it).")
+            "gin/finetuning/prompt_tuning.gin sets it)."
+        )
 
 
 def _check_packing(encoder_segment_ids, decoder_segment_ids) -> None:

@@ -40,8 +40,11 @@ def _self_attention(config: TransformerConfig, length: int) -> int:
 def _cross_attention(config: TransformerConfig, target_length: int, input_length: int) -> int:
     """q and o on the targets, k and v on the encoder output, and the [T, L] scores and mixing."""
     inner, d = config.inner_dim, config.d_model
-    return (4 * target_length * d * inner + 4 * input_length * d * inner
-            + 4 * target_length * input_length * inner)
+    return (
+        4 * target_length * d * inner
+        + 4 * input_length * d * inner
+        + 4 * target_length * input_length * inner
+    )
 
 
 def forward_flops(config: TransformerConfig, input_length: int, target_length: int) -> int:
@@ -67,12 +70,17 @@ def forward_flops(config: TransformerConfig, input_length: int, target_length: i
         layer = _self_attention(config, length) + _mlp(config, length)
         return config.num_decoder_layers * layer + 2 * length * d * vocab
     encoder_layer = _self_attention(config, input_length) + _mlp(config, input_length)
-    decoder_layer = (_self_attention(config, target_length)
-                     + _cross_attention(config, target_length, input_length)
-                     + _mlp(config, target_length))
+    decoder_layer = (
+        _self_attention(config, target_length)
+        + _cross_attention(config, target_length, input_length)
+        + _mlp(config, target_length)
+    )
     logits = 2 * target_length * d * vocab
-    return (config.num_encoder_layers * encoder_layer
-            + config.num_decoder_layers * decoder_layer + logits)
+    return (
+        config.num_encoder_layers * encoder_layer
+        + config.num_decoder_layers * decoder_layer
+        + logits
+    )
 
 
 def training_flops(config: TransformerConfig, input_length: int, target_length: int) -> int:

@@ -133,10 +133,20 @@ class Dense(nnx.Module):
         self.step_kernel = None  # [out, in], set by `prepare_for_steps` inside a decoding trace
         self.lora_scale = config.lora_scale if lora_rank else 0.0
         if lora_rank:
-            self.lora_a = param(rngs, fan_in_init(), (in_features, lora_rank),
-                                config.params_dtype, (names[0], axes.LORA_RANK))
-            self.lora_b = param(rngs, jax.nn.initializers.zeros, (lora_rank, out_features),
-                                config.params_dtype, (axes.LORA_RANK, names[1]))
+            self.lora_a = param(
+                rngs,
+                fan_in_init(),
+                (in_features, lora_rank),
+                config.params_dtype,
+                (names[0], axes.LORA_RANK),
+            )
+            self.lora_b = param(
+                rngs,
+                jax.nn.initializers.zeros,
+                (lora_rank, out_features),
+                config.params_dtype,
+                (axes.LORA_RANK, names[1]),
+            )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., in] -> [..., out] in the compute dtype."""
@@ -251,9 +261,13 @@ class Prompt(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: Keys):
         self.dtype = config.compute_dtype
-        self.embedding = param(rngs, jax.nn.initializers.normal(stddev=1.0),
-                               (config.prompt_length, config.d_model), config.params_dtype,
-                               (axes.PROMPT, axes.EMBED))
+        self.embedding = param(
+            rngs,
+            jax.nn.initializers.normal(stddev=1.0),
+            (config.prompt_length, config.d_model),
+            config.params_dtype,
+            (axes.PROMPT, axes.EMBED),
+        )
 
     def prepend(self, x: jax.Array) -> jax.Array:
         """[B, L, D] -> [B, P + L, D]."""
@@ -306,8 +320,15 @@ class Mlp(nnx.Module):
         d, f = config.d_model, config.d_ff
 
         def dense(name, size_in, size_out, names):
-            return Dense(size_in, size_out, names=names, config=config, init=fan_in_init(),
-                         rngs=rngs, lora_rank=config.lora_rank_for(name))
+            return Dense(
+                size_in,
+                size_out,
+                names=names,
+                config=config,
+                init=fan_in_init(),
+                rngs=rngs,
+                lora_rank=config.lora_rank_for(name),
+            )
 
         if len(self.activations) == 1:
             self.wi = dense("wi", d, f, (axes.EMBED, axes.MLP))
@@ -338,10 +359,17 @@ class Adapter(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: Keys):
         d, a = config.d_model, config.adapter_size
-        self.wi = Dense(d, a, names=(axes.EMBED, axes.ADAPTER), config=config,
-                        init=fan_in_init(), rngs=rngs)
-        self.wo = Dense(a, d, names=(axes.ADAPTER, axes.EMBED), config=config,
-                        init=jax.nn.initializers.zeros, rngs=rngs)
+        self.wi = Dense(
+            d, a, names=(axes.EMBED, axes.ADAPTER), config=config, init=fan_in_init(), rngs=rngs
+        )
+        self.wo = Dense(
+            a,
+            d,
+            names=(axes.ADAPTER, axes.EMBED),
+            config=config,
+            init=jax.nn.initializers.zeros,
+            rngs=rngs,
+        )
 
     def __call__(self, y: jax.Array) -> jax.Array:
         """[B, L, D] -> [B, L, D]."""

@@ -108,7 +108,8 @@ def apply_layers(
     scanned = isinstance(layers, nnx.Module)
     graphdef, state = nnx.split(layers) if scanned else (None, None)
     shared_graphdef, shared_state = (
-        nnx.split(shared) if scanned and shared is not None else (None, None))
+        nnx.split(shared) if scanned and shared is not None else (None, None)
+    )
 
     def pure(layer_graphdef, layer_state, shared_graphdef, shared_state, x, key):
         layer = nnx.merge(layer_graphdef, layer_state)
@@ -116,6 +117,7 @@ def apply_layers(
         return body(layer, borrowed, x, _rngs_of(key))
 
     if scanned:
+
         def step(x, inputs):
             layer_state, borrowed_state, key = inputs
             return pure(graphdef, layer_state, shared_graphdef, borrowed_state, x, key)
@@ -134,9 +136,11 @@ def apply_layers(
         else:
             layer_graphdef, layer_state = nnx.split(layer)
             borrowed_graphdef, borrowed_state = (
-                (None, None) if borrowed is None else nnx.split(borrowed))
+                (None, None) if borrowed is None else nnx.split(borrowed)
+            )
             x, out = jax.checkpoint(pure, policy=policy, static_argnums=(0, 2))(
-                layer_graphdef, layer_state, borrowed_graphdef, borrowed_state, x, key)
+                layer_graphdef, layer_state, borrowed_graphdef, borrowed_state, x, key
+            )
         outputs.append(out)
     return x, outputs
 
@@ -179,8 +183,10 @@ def unstack_layers(tree: Mapping[str, Any]) -> dict[str, Any]:
         stacked = stack[LAYERS_MODULE]
         count = jax.tree.leaves(stacked)[0].shape[0]
         rest = {k: v for k, v in stack.items() if k != LAYERS_MODULE}
-        out[name] = {**rest, **{layer_name(i): jax.tree.map(lambda x, i=i: x[i], stacked)
-                                for i in range(count)}}
+        out[name] = {
+            **rest,
+            **{layer_name(i): jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(count)},
+        }
     return out
 
 

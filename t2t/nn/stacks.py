@@ -26,7 +26,9 @@ def _build_layers(module: nnx.Module, config: TransformerConfig, make) -> None:
     """Sets `layers_{i}` (unrolled) or the one stacked module `layers` (scanned) on `module`."""
     count = module.num_layers
     if config.scan_layers:
-        setattr(module, stacking.LAYERS_MODULE, stacking.stack_modules([make() for _ in range(count)]))
+        setattr(
+            module, stacking.LAYERS_MODULE, stacking.stack_modules([make() for _ in range(count)])
+        )
     else:
         for i in range(count):
             setattr(module, stacking.layer_name(i), make())
@@ -68,8 +70,14 @@ class Encoder(nnx.Module):
         def body(layer, _, x, layer_rngs):
             return layer(x, bias, rngs=layer_rngs), None
 
-        x, _ = stacking.apply_layers(body, _layer_modules(self), x, rngs=rngs,
-                                     remat_policy=self.remat_policy, num_layers=self.num_layers)
+        x, _ = stacking.apply_layers(
+            body,
+            _layer_modules(self),
+            x,
+            rngs=rngs,
+            remat_policy=self.remat_policy,
+            num_layers=self.num_layers,
+        )
         x = self.encoder_norm(x)
         return layers.dropout(x, self.dropout_rate, rngs)
 
@@ -95,13 +103,22 @@ class Decoder(nnx.Module):
         self.d_model = config.d_model
         shares = config.architecture == "encoder_decoder_shared"
         self.relpos_bias = RelativePositionBias(config, bidirectional=False, rngs=rngs)
-        _build_layers(self, config, lambda: blocks.DecoderLayer(
-            config, cross_attention=cross_attention, shares_encoder_layer=shares, rngs=rngs))
+        _build_layers(
+            self,
+            config,
+            lambda: blocks.DecoderLayer(
+                config, cross_attention=cross_attention, shares_encoder_layer=shares, rngs=rngs
+            ),
+        )
         self.decoder_norm = layers.RMSNorm(config, rngs=rngs)
         if not self.logits_via_embedding:
             self.logits_dense = layers.Dense(
-                config.d_model, config.vocab_size, names=(axes.EMBED, axes.VOCAB), config=config,
-                init=layers.fan_in_init(), rngs=rngs,
+                config.d_model,
+                config.vocab_size,
+                names=(axes.EMBED, axes.VOCAB),
+                config=config,
+                init=layers.fan_in_init(),
+                rngs=rngs,
                 lora_rank=config.lora_rank_for("logits_dense"),
             )
 
@@ -139,8 +156,9 @@ class Decoder(nnx.Module):
         x, _ = self.run_layers(x, self_mask, encoded, cross_mask, shared_layers, rngs)
         return self.logits(x, embedder, rngs)
 
-    def run_layers(self, x, self_mask, encoded, cross_mask, shared_layers, rngs,
-                   *, return_kv: bool = False):
+    def run_layers(
+        self, x, self_mask, encoded, cross_mask, shared_layers, rngs, *, return_kv: bool = False
+    ):
         """The layers over [B, T, D]; returns the output and, with `return_kv`, every layer's
         self-attention keys and values (else an empty list)."""
         length = x.shape[1]
@@ -154,8 +172,14 @@ class Decoder(nnx.Module):
             return x, kv if return_kv else None
 
         x, kvs = stacking.apply_layers(
-            body, _layer_modules(self), x, rngs=rngs, remat_policy=self.remat_policy,
-            shared=shared_layers, num_layers=self.num_layers)
+            body,
+            _layer_modules(self),
+            x,
+            rngs=rngs,
+            remat_policy=self.remat_policy,
+            shared=shared_layers,
+            num_layers=self.num_layers,
+        )
         return x, kvs if return_kv else []
 
     def logits(self, x: jax.Array, embedder: layers.Embed, rngs=None) -> jax.Array:
@@ -204,8 +228,10 @@ class Decoder(nnx.Module):
             shared = None if shared_layers is None else shared_layers[i]
             cross_kv = None
             if per_input is not None:
-                cross_kv = (per_input[f"layers_{i}"]["cross_key"],
-                            per_input[f"layers_{i}"]["cross_value"])
+                cross_kv = (
+                    per_input[f"layers_{i}"]["cross_key"],
+                    per_input[f"layers_{i}"]["cross_value"],
+                )
             x, new_cache[f"layers_{i}"] = layer.step(
                 x, cache[f"layers_{i}"], index, self_bias, cross_kv, cross_bias, shared=shared
             )

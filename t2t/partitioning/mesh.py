@@ -110,7 +110,8 @@ def _warn_if_model_axis_spans_hosts(mesh: Mesh) -> None:
         logging.warning(
             "The model axis (%d) spans several hosts; tensor-parallel collectives will cross the "
             "network. Prefer a model axis that divides the devices per host (%d).",
-            mesh.shape[MODEL], per_host,
+            mesh.shape[MODEL],
+            per_host,
         )
 
 

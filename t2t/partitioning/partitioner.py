@@ -104,7 +104,11 @@ class Partitioner:
             if target is not None and size % self.mesh.shape[target]:
                 logging.warning(
                     "%s: axis %r of size %d is not divisible by mesh axis %r (%d); replicating it.",
-                    what, name, size, target, self.mesh.shape[target],
+                    what,
+                    name,
+                    size,
+                    target,
+                    self.mesh.shape[target],
                 )
                 target = None
             spec.append(target)

@@ -104,7 +104,5 @@ def logical_axis_rules(mode: str = "tensor_parallel") -> LogicalRules:
     if mode not in RULES:
         near = difflib.get_close_matches(mode, list(RULES), n=1)
         hint = f" Did you mean {near[0]!r}?" if near else ""
-        raise ValueError(
-            f"Unknown sharding mode {mode!r}; expected one of {sorted(RULES)}.{hint}"
-        )
+        raise ValueError(f"Unknown sharding mode {mode!r}; expected one of {sorted(RULES)}.{hint}")
     return RULES[mode]

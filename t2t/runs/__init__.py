@@ -39,7 +39,18 @@ from t2t.runs.helpers import import_task_modules, use_carried_vocabulary
 from t2t.runs.train_run import train, write_run_files
 
 __all__ = [
-    "EXTERNALS", "average", "checkpoint_model_config", "compile_train", "configure",
-    "default_search_paths", "evaluate", "export", "import_task_modules", "infer",
-    "seqio_evaluator", "train", "use_carried_vocabulary", "write_run_files",
+    "EXTERNALS",
+    "average",
+    "checkpoint_model_config",
+    "compile_train",
+    "configure",
+    "default_search_paths",
+    "evaluate",
+    "export",
+    "import_task_modules",
+    "infer",
+    "seqio_evaluator",
+    "train",
+    "use_carried_vocabulary",
+    "write_run_files",
 ]

@@ -26,7 +26,9 @@ def export(
     path = release.export(
         require(model_dir, "--model_dir", "export.model_dir"),
         require(output_dir, "--output_dir", "export.output_dir"),
-        step=step, vocabulary_file=vocabulary_file, eval_results=eval_results,
+        step=step,
+        vocabulary_file=vocabulary_file,
+        eval_results=eval_results,
         overwrite=overwrite,
     )
     print(f"wrote the release directory {path}")
@@ -45,8 +47,10 @@ def average(
     from t2t.checkpoints import averaging
 
     averaged = averaging.average_checkpoints(
-        require(model_dir, "--model_dir", "average.model_dir"), steps=steps, last=last)
-    path = averaging.write_averaged(require(output_dir, "--output_dir", "average.output_dir"),
-                                    averaged)
+        require(model_dir, "--model_dir", "average.model_dir"), steps=steps, last=last
+    )
+    path = averaging.write_averaged(
+        require(output_dir, "--output_dir", "average.output_dir"), averaged
+    )
     print(f"averaged steps {averaged.steps} of {model_dir} into {path}")
     return path

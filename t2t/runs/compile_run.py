@@ -13,9 +13,19 @@ from t2t.runs.helpers import resolve_model_config
 from t2t.runs.train_run import train
 
 # The arguments of `train` that decide its programs, and their defaults.
-_TRAIN_PROGRAM_ARGS = ("model_config", "init_checkpoint", "batch_size", "task_feature_lengths",
-                       "mesh_shape", "sharding_mode", "num_microbatches", "pack", "model_fn",
-                       "optimizer", "learning_rate")
+_TRAIN_PROGRAM_ARGS = (
+    "model_config",
+    "init_checkpoint",
+    "batch_size",
+    "task_feature_lengths",
+    "mesh_shape",
+    "sharding_mode",
+    "num_microbatches",
+    "pack",
+    "model_fn",
+    "optimizer",
+    "learning_rate",
+)
 
 
 def _train_bindings() -> dict[str, Any]:
@@ -67,30 +77,53 @@ def compile_train(
     from t2t import aot
 
     if (topology is None) == (cpu_devices is None):
-        raise ValueError("Give exactly one target: --topology=v5e:4x4 (a TPU slice) or "
-                         "--cpu_devices=N.")
+        raise ValueError(
+            "Give exactly one target: --topology=v5e:4x4 (a TPU slice) or --cpu_devices=N."
+        )
     run = _train_bindings()
-    for name, value in (("batch_size", batch_size), ("mesh_shape", mesh_shape),
-                        ("sharding_mode", sharding_mode), ("num_microbatches", num_microbatches)):
+    for name, value in (
+        ("batch_size", batch_size),
+        ("mesh_shape", mesh_shape),
+        ("sharding_mode", sharding_mode),
+        ("num_microbatches", num_microbatches),
+    ):
         if value is not None:
             run[name] = value
     for name in ("task_feature_lengths",):
         if run[name] is gin.REQUIRED or run[name] is None:
-            raise ValueError(f"The run binds no {name}; include the gin file of a run "
-                             "(gin/runs/pretrain.gin and an objective) or bind it.")
+            raise ValueError(
+                f"The run binds no {name}; include the gin file of a run "
+                "(gin/runs/pretrain.gin and an objective) or bind it."
+            )
     config = resolve_model_config(run["model_config"], run["init_checkpoint"])
-    changes = {k: v for k, v in (("remat_policy", remat_policy), ("scan_layers", scan_layers))
-               if v is not None}
+    changes = {
+        k: v
+        for k, v in (("remat_policy", remat_policy), ("scan_layers", scan_layers))
+        if v is not None
+    }
     config = config.replace(**changes)
-    target = (aot.tpu_target(topology) if topology is not None
-              else aot.cpu_target(cpu_devices, device_memory_gib))
+    target = (
+        aot.tpu_target(topology)
+        if topology is not None
+        else aot.cpu_target(cpu_devices, device_memory_gib)
+    )
     shape = aot.RunShape(
-        config, run["batch_size"], dict(run["task_feature_lengths"]),
-        mesh_shape=tuple(run["mesh_shape"]), sharding_mode=run["sharding_mode"],
-        num_microbatches=run["num_microbatches"], pack=run["pack"])
-    report = aot.compile_run(shape, target, model=run["model_fn"](config),
-                             tx=run["optimizer"](learning_rate=run["learning_rate"]),
-                             decode=decode, progress=progress)
+        config,
+        run["batch_size"],
+        dict(run["task_feature_lengths"]),
+        mesh_shape=tuple(run["mesh_shape"]),
+        sharding_mode=run["sharding_mode"],
+        num_microbatches=run["num_microbatches"],
+        pack=run["pack"],
+    )
+    report = aot.compile_run(
+        shape,
+        target,
+        model=run["model_fn"](config),
+        tx=run["optimizer"](learning_rate=run["learning_rate"]),
+        decode=decode,
+        progress=progress,
+    )
     print(aot.format_report(report), flush=True)
     if output_json:
         with open(output_json, "w") as f:

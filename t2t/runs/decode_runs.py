@@ -69,29 +69,49 @@ def evaluate(
     choices = sum([step is not None, steps is not None, bool(all_steps)])
     if choices > 1:
         raise ValueError("Pass at most one of step, steps and all_steps.")
-    selection = "all" if all_steps else (list(steps) if steps is not None else
-                                         None if step is None else [step])
+    selection = (
+        "all"
+        if all_steps
+        else (list(steps) if steps is not None else None if step is None else [step])
+    )
     helpers.import_task_modules(modules, names)
     members = helpers.task_names(checkpoints, "evaluate.checkpoints") if checkpoints else []
     helpers.use_carried_vocabulary(model_dir, *members)
     if isinstance(rank_classification, str):
-        rank_classification = helpers.task_names(rank_classification,
-                                                 "evaluate.rank_classification")
-    options = dict(split=split, task_feature_lengths=task_feature_lengths,
-                   num_examples=num_examples, rank_classification=rank_classification,
-                   batch_size=batch_size, config=decoding_config)
+        rank_classification = helpers.task_names(
+            rank_classification, "evaluate.rank_classification"
+        )
+    options = dict(
+        split=split,
+        task_feature_lengths=task_feature_lengths,
+        num_examples=num_examples,
+        rank_classification=rank_classification,
+        batch_size=batch_size,
+        config=decoding_config,
+    )
     if checkpoints is not None:
         if choices:
-            raise ValueError("An ensemble names its members in checkpoints; drop step, steps "
-                             "and all_steps.")
+            raise ValueError(
+                "An ensemble names its members in checkpoints; drop step, steps and all_steps."
+            )
         members = helpers.task_names(checkpoints, "evaluate.checkpoints")  # refuses an empty list
         return evaluation.evaluate_ensemble(
-            model_dir, members, names, output_file=output_file,
-            partitioner=helpers.partitioner_for(mesh_shape, sharding_mode), **options)
+            model_dir,
+            members,
+            names,
+            output_file=output_file,
+            partitioner=helpers.partitioner_for(mesh_shape, sharding_mode),
+            **options,
+        )
     return evaluation.evaluate_model_dir(
-        model_dir, names, steps=selection, output_file=output_file,
+        model_dir,
+        names,
+        steps=selection,
+        output_file=output_file,
         partitioner=helpers.partitioner_for(mesh_shape, sharding_mode),
-        log_predictions=log_predictions, **options)
+        log_predictions=log_predictions,
+        **options,
+    )
 
 
 @gin.configurable(module="t2t.runs")
@@ -120,12 +140,18 @@ def seqio_evaluator(
     names = helpers.task_names(tasks, "seqio_evaluator")
     helpers.import_task_modules((), names)
     return evaluation.Evaluator(
-        model, names, split=split, task_feature_lengths=task_feature_lengths,
-        num_examples=num_examples, log_predictions=log_predictions,
-        log_dir=os.path.join(model_dir, "eval") if model_dir else None, partitioner=partitioner,
-        batch_size=batch_size, config=decoding_config, rank_classification=rank_classification,
+        model,
+        names,
+        split=split,
+        task_feature_lengths=task_feature_lengths,
+        num_examples=num_examples,
+        log_predictions=log_predictions,
+        log_dir=os.path.join(model_dir, "eval") if model_dir else None,
+        partitioner=partitioner,
+        batch_size=batch_size,
+        config=decoding_config,
+        rank_classification=rank_classification,
     )
-
 
 
 @gin.configurable(module="t2t.runs")
@@ -179,10 +205,20 @@ def infer(
         helpers.import_task_modules(modules, [task])
         helpers.use_carried_vocabulary(model_dir, *checkpoints)
     count = inference.infer(
-        output_file, model_dir=model_dir, input_file=input_file, task=task, mode=mode,
-        checkpoints=list(checkpoints), step=step, split=split, vocabulary_file=vocabulary_file,
-        inputs_length=inputs_length, targets_length=targets_length, num_examples=num_examples,
-        partitioner=helpers.partitioner_for(mesh_shape, sharding_mode), batch_size=batch_size,
+        output_file,
+        model_dir=model_dir,
+        input_file=input_file,
+        task=task,
+        mode=mode,
+        checkpoints=list(checkpoints),
+        step=step,
+        split=split,
+        vocabulary_file=vocabulary_file,
+        inputs_length=inputs_length,
+        targets_length=targets_length,
+        num_examples=num_examples,
+        partitioner=helpers.partitioner_for(mesh_shape, sharding_mode),
+        batch_size=batch_size,
         config=decoding_config,
     )
     print(f"wrote {count} records to {output_file}")

@@ -35,9 +35,17 @@ def _register_externals() -> dict[str, Callable]:
     registered = {}
     for module, functions in (
         ("t2t.nn", (t2t_nn.get_preset,)),
-        ("t2t.optim", (optim.adafactor, optim.inverse_sqrt, optim.constant,
-                       optim.warmup_linear_decay, optim.warmup_cosine_decay,
-                       optim.slanted_triangular)),
+        (
+            "t2t.optim",
+            (
+                optim.adafactor,
+                optim.inverse_sqrt,
+                optim.constant,
+                optim.warmup_linear_decay,
+                optim.warmup_cosine_decay,
+                optim.slanted_triangular,
+            ),
+        ),
         ("t2t.finetuning", (FineTuning,)),
         ("t2t.trainer", (monitors.EarlyStopping, monitors.ReduceOnPlateau)),
         ("t2t.models", (models.EncoderDecoderModel, models.DecoderOnlyModel, models.model_for)),

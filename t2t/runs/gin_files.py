@@ -18,12 +18,21 @@ def default_search_paths() -> list[str]:
     is the repository's `gin/`; installed (a wheel), the copy in the package (`t2t._shipped`)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # t2t/
     roots = (os.path.dirname(package), os.path.join(package, "_shipped"))
-    return [p for root in roots for p in (os.path.join(root, "gin"), root)
-            if os.path.isdir(os.path.join(root, "gin"))]
+    return [
+        p
+        for root in roots
+        for p in (os.path.join(root, "gin"), root)
+        if os.path.isdir(os.path.join(root, "gin"))
+    ]
 
 
-def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
-              search_paths: Sequence[str] = (), *, finalize: bool = True) -> None:
+def configure(
+    gin_files: Sequence[str],
+    bindings: Sequence[str] = (),
+    search_paths: Sequence[str] = (),
+    *,
+    finalize: bool = True,
+) -> None:
     """Parses gin files (in order) and then bindings, as the `t2t` CLI does.
 
     Files and their `include`s are looked up as given, then under each search path (given
@@ -44,8 +53,7 @@ def configure(gin_files: Sequence[str], bindings: Sequence[str] = (),
     root = logging.getLogger()
     root.addFilter(_quiet_search_misses)
     try:
-        gin.parse_config_files_and_bindings(list(gin_files), list(bindings),
-                                            finalize_config=False)
+        gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=False)
     finally:
         root.removeFilter(_quiet_search_misses)
     _check_macros_are_used(bindings)

@@ -56,13 +56,16 @@ def import_task_modules(modules: Sequence[str] = (), names: Sequence[str] = ()) 
 
 def require(value: Any, flag: str, binding: str) -> Any:
     if value is None:
-        raise ValueError(f"Missing {flag}: pass the flag, or bind {binding} in gin (the files "
-                         "in gin/runs/ take it from a macro, e.g. --gin.MODEL_DIR=\"'/path'\").")
+        raise ValueError(
+            f"Missing {flag}: pass the flag, or bind {binding} in gin (the files "
+            "in gin/runs/ take it from a macro, e.g. --gin.MODEL_DIR=\"'/path'\")."
+        )
     return value
 
 
-def resolve_model_config(model_config: TransformerConfig | None,
-                          init_checkpoint: str | None) -> TransformerConfig:
+def resolve_model_config(
+    model_config: TransformerConfig | None, init_checkpoint: str | None
+) -> TransformerConfig:
     if model_config is not None:
         if not isinstance(model_config, TransformerConfig):
             raise TypeError(

@@ -108,22 +108,58 @@ def train(
     from t2t import partitioning
     from t2t.checkpoints import lock
 
-    _check_counts(train_steps=train_steps, batch_size=batch_size,
-                  num_microbatches=num_microbatches, log_every=log_every,
-                  checkpoint_every=checkpoint_every, eval_every=eval_every,
-                  eval_steps=eval_steps, keep_checkpoints=keep_checkpoints,
-                  max_train_examples=max_train_examples, num_predictions=num_predictions)
+    _check_counts(
+        train_steps=train_steps,
+        batch_size=batch_size,
+        num_microbatches=num_microbatches,
+        log_every=log_every,
+        checkpoint_every=checkpoint_every,
+        eval_every=eval_every,
+        eval_steps=eval_steps,
+        keep_checkpoints=keep_checkpoints,
+        max_train_examples=max_train_examples,
+        num_predictions=num_predictions,
+    )
     partitioning.initialize_distributed()
     with lock.hold(model_dir):  # one writer per model directory; fails fast when held
         return _train(**{k: v for k, v in locals().items() if k not in ("partitioning", "lock")})
 
 
-def _train(*, model_dir, mixture_or_task, task_feature_lengths, train_steps, model_config,
-           batch_size, model_fn, optimizer, learning_rate, num_microbatches, mesh_shape,
-           sharding_mode, pack, use_cached, max_train_examples, seed, log_every,
-           checkpoint_every, keep_checkpoints, best_metrics, eval_every, eval_tasks, eval_split,
-           eval_steps, evaluators, init_checkpoint, finetuning, early_stopping,
-           reduce_on_plateau, num_predictions, async_checkpoints, progress) -> dict[str, Any]:
+def _train(
+    *,
+    model_dir,
+    mixture_or_task,
+    task_feature_lengths,
+    train_steps,
+    model_config,
+    batch_size,
+    model_fn,
+    optimizer,
+    learning_rate,
+    num_microbatches,
+    mesh_shape,
+    sharding_mode,
+    pack,
+    use_cached,
+    max_train_examples,
+    seed,
+    log_every,
+    checkpoint_every,
+    keep_checkpoints,
+    best_metrics,
+    eval_every,
+    eval_tasks,
+    eval_split,
+    eval_steps,
+    evaluators,
+    init_checkpoint,
+    finetuning,
+    early_stopping,
+    reduce_on_plateau,
+    num_predictions,
+    async_checkpoints,
+    progress,
+) -> dict[str, Any]:
     """`train`'s body, run while holding the model directory's lock."""
     from t2t import partitioning
     from t2t.checkpoints.manager import BestMetric
@@ -136,80 +172,119 @@ def _train(*, model_dir, mixture_or_task, task_feature_lengths, train_steps, mod
     model = model_fn(config)
     partitioner = partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
     shard_index, num_shards = partitioner.data_shard()
-    data = dict(task_feature_lengths=dict(task_feature_lengths), global_batch_size=batch_size,
-                architecture=config.architecture, feature_converter=model.feature_converter,
-                pack=pack, use_cached=use_cached, seed=seed,
-                shard_index=shard_index, num_shards=num_shards)
-    train_config = pipeline.PipelineConfig(mixture_or_task, **data,
-                                           max_examples=max_train_examples)
+    data = dict(
+        task_feature_lengths=dict(task_feature_lengths),
+        global_batch_size=batch_size,
+        architecture=config.architecture,
+        feature_converter=model.feature_converter,
+        pack=pack,
+        use_cached=use_cached,
+        seed=seed,
+        shard_index=shard_index,
+        num_shards=num_shards,
+    )
+    train_config = pipeline.PipelineConfig(mixture_or_task, **data, max_examples=max_train_examples)
     train_data = pipeline.InputPipeline(train_config)
-    metadata = _data_metadata(registry.get_task_or_mixture(mixture_or_task), mixture_or_task,
-                              task_feature_lengths)
+    metadata = _data_metadata(
+        registry.get_task_or_mixture(mixture_or_task), mixture_or_task, task_feature_lengths
+    )
     metadata["batch_size"] = batch_size
     _check_resumable(model_dir, metadata)
     subset = getattr(train_data, "subset", None)
     if subset is not None:
         metadata["train_subset"] = subset
     eval_configs = {
-        name: pipeline.PipelineConfig(name, **{**data, "use_cached": False}, split=eval_split,
-                                      shuffle=False, num_epochs=1)
+        name: pipeline.PipelineConfig(
+            name, **{**data, "use_cached": False}, split=eval_split, shuffle=False, num_epochs=1
+        )
         for name in eval_tasks
     }
     trainer = Trainer(
-        model, optimizer(learning_rate=learning_rate), partitioner, model_dir,
-        train_data, learning_rate=learning_rate,
-        num_microbatches=num_microbatches, seed=seed, log_every=log_every,
-        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        model,
+        optimizer(learning_rate=learning_rate),
+        partitioner,
+        model_dir,
+        train_data,
+        learning_rate=learning_rate,
+        num_microbatches=num_microbatches,
+        seed=seed,
+        log_every=log_every,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
         best_metrics=[BestMetric(k, v) for k, v in (best_metrics or {}).items()],
         eval_every=eval_every,
         eval_data={k: batches.eval_batches(c, eval_steps) for k, c in eval_configs.items()},
         evaluators=[make(model=model, partitioner=partitioner) for make in evaluators],
-        metadata=metadata, init_checkpoint=init_checkpoint, finetuning=finetuning,
-        early_stopping=early_stopping, reduce_on_plateau=reduce_on_plateau,
-        async_checkpoints=async_checkpoints, progress=progress,
+        metadata=metadata,
+        init_checkpoint=init_checkpoint,
+        finetuning=finetuning,
+        early_stopping=early_stopping,
+        reduce_on_plateau=reduce_on_plateau,
+        async_checkpoints=async_checkpoints,
+        progress=progress,
     )
-    write_run_files(model_dir, config,
-                    vocabulary_file=metadata.get("vocabulary", {}).get("sentencepiece_model_file"))
+    write_run_files(
+        model_dir,
+        config,
+        vocabulary_file=metadata.get("vocabulary", {}).get("sentencepiece_model_file"),
+    )
     try:
         summary = trainer.train(train_steps)
         chief = trainer.is_chief
         stopped = summary["stopped_early"]
         if chief and stopped is not None and summary["first_step"] == trainer.step:
             best = summary["best"].get("early_stopping", {})
-            print(f"nothing to train: this run stopped early at step {stopped} (best "
-                  f"{early_stopping.metric if early_stopping else 'metric'} {best.get('value')} "
-                  f"at step {best.get('step')}). Give a new MODEL_DIR to train again.",
-                  flush=True)
+            print(
+                f"nothing to train: this run stopped early at step {stopped} (best "
+                f"{early_stopping.metric if early_stopping else 'metric'} {best.get('value')} "
+                f"at step {best.get('step')}). Give a new MODEL_DIR to train again.",
+                flush=True,
+            )
         elif chief and summary["first_step"] == trainer.step >= train_steps:
-            print(f"nothing to train: the model directory is already at step {trainer.step}, the "
-                  "run's train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to "
-                  "start over.", flush=True)
+            print(
+                f"nothing to train: the model directory is already at step {trainer.step}, the "
+                "run's train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to "
+                "start over.",
+                flush=True,
+            )
         shown = []
         if num_predictions:
-            vocabulary = registry.get_task_or_mixture(mixture_or_task).output_features[
-                "targets"].vocabulary
-            target = eval_configs[eval_tasks[0]] if eval_tasks else dataclasses.replace(
-                train_config, split=eval_split, max_examples=None)
-            shown = predictions.show_examples(model, trainer.params, partitioner, target,
-                                                 vocabulary, num_predictions)
+            vocabulary = (
+                registry.get_task_or_mixture(mixture_or_task).output_features["targets"].vocabulary
+            )
+            target = (
+                eval_configs[eval_tasks[0]]
+                if eval_tasks
+                else dataclasses.replace(train_config, split=eval_split, max_examples=None)
+            )
+            shown = predictions.show_examples(
+                model, trainer.params, partitioner, target, vocabulary, num_predictions
+            )
             if chief:
-                print(f"\nGreedy predictions after step {trainer.step} "
-                      f"({target.mixture_or_task}, {eval_split}):\n"
-                      f"{predictions.format_predictions(shown)}", flush=True)
+                print(
+                    f"\nGreedy predictions after step {trainer.step} "
+                    f"({target.mixture_or_task}, {eval_split}):\n"
+                    f"{predictions.format_predictions(shown)}",
+                    flush=True,
+                )
     finally:
         trainer.close()
     write_run_files(model_dir, config)  # now with everything the run used
     return {**summary, "predictions": shown}
 
 
-
 # The counts `train` takes: None allowed?, zero allowed?, the macro most gin files bind it by.
 _COUNTS = {
-    "train_steps": (False, False, "TRAIN_STEPS"), "batch_size": (False, False, "BATCH_SIZE"),
-    "num_microbatches": (False, False, None), "log_every": (False, False, None),
-    "checkpoint_every": (False, False, None), "eval_every": (True, False, None),
-    "eval_steps": (True, False, None), "keep_checkpoints": (True, False, None),
-    "max_train_examples": (True, False, None), "num_predictions": (False, True, None),
+    "train_steps": (False, False, "TRAIN_STEPS"),
+    "batch_size": (False, False, "BATCH_SIZE"),
+    "num_microbatches": (False, False, None),
+    "log_every": (False, False, None),
+    "checkpoint_every": (False, False, None),
+    "eval_every": (True, False, None),
+    "eval_steps": (True, False, None),
+    "keep_checkpoints": (True, False, None),
+    "max_train_examples": (True, False, None),
+    "num_predictions": (False, True, None),
 }
 
 
@@ -220,15 +295,20 @@ def _check_counts(**values: Any) -> None:
         none_ok, zero_ok, macro = _COUNTS[name]
         if value is None and none_ok:
             continue
-        if isinstance(value, int) and not isinstance(value, bool) and (
-                value > 0 or (zero_ok and value == 0)):
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and (value > 0 or (zero_ok and value == 0))
+        ):
             continue
         binding = f"t2t.runs.train.{name}" + (f" (the gin macro {macro})" if macro else "")
         wanted = "a non-negative int" if zero_ok else "a positive int"
         if none_ok:
             wanted += " or None"
-        raise ValueError(f"{binding} must be {wanted}; got {value!r} "
-                         f"({type(value).__name__}). Example: --gin.{macro or binding}=100")
+        raise ValueError(
+            f"{binding} must be {wanted}; got {value!r} "
+            f"({type(value).__name__}). Example: --gin.{macro or binding}=100"
+        )
 
 
 def _data_metadata(provider, name: str, lengths: Mapping[str, int]) -> dict[str, Any]:
@@ -237,8 +317,10 @@ def _data_metadata(provider, name: str, lengths: Mapping[str, int]) -> dict[str,
     entry: dict[str, Any] = {"mixture_or_task": name, "task_feature_lengths": dict(lengths)}
     model_file = getattr(vocabulary, "sentencepiece_model_file", None)
     if model_file is not None:
-        entry["vocabulary"] = {"sentencepiece_model_file": model_file,
-                               "extra_ids": vocabulary.extra_ids}
+        entry["vocabulary"] = {
+            "sentencepiece_model_file": model_file,
+            "extra_ids": vocabulary.extra_ids,
+        }
     else:
         logging.warning("The vocabulary of %s is not SentencePiece; not recorded.", name)
     return entry
@@ -265,19 +347,24 @@ def _check_resumable(model_dir: str, metadata: Mapping[str, Any]) -> None:
             continue  # damaged: the restore will report it and fall back
     if not isinstance(saved, dict):
         return
-    for key, flag in (("mixture_or_task", "MIXTURE_OR_TASK"), ("batch_size", "BATCH_SIZE"),
-                      ("task_feature_lengths", "TASK_FEATURE_LENGTHS")):
+    for key, flag in (
+        ("mixture_or_task", "MIXTURE_OR_TASK"),
+        ("batch_size", "BATCH_SIZE"),
+        ("task_feature_lengths", "TASK_FEATURE_LENGTHS"),
+    ):
         if key in saved and saved[key] != metadata[key]:
             raise ValueError(
                 f"The checkpoints in {model_dir} were trained with {key} {saved[key]!r}; this "
                 f"run has {metadata[key]!r}. A run resumes only with the data it was saved "
                 f"with (the input pipeline's position is in the checkpoint): resume with "
                 f"{flag}={saved[key]!r}, or give a new MODEL_DIR with "
-                f"INIT_CHECKPOINT='{model_dir}' to start from its parameters.")
+                f"INIT_CHECKPOINT='{model_dir}' to start from its parameters."
+            )
 
 
-def write_run_files(model_dir: str, config: TransformerConfig,
-                    vocabulary_file: str | None = None) -> None:
+def write_run_files(
+    model_dir: str, config: TransformerConfig, vocabulary_file: str | None = None
+) -> None:
     """Writes `config.gin` (the operative gin config), `model_config.json` and a copy of the
     SentencePiece model, `spiece.model`, so the directory is self-contained (process 0)."""
     import jax

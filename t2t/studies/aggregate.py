@@ -30,9 +30,13 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
     array = np.asarray(values, dtype=np.float64)
     if array.size == 0:
         return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
-    return {"n": int(array.size), "mean": float(array.mean()),
-            "std": float(array.std(ddof=1)) if array.size > 1 else 0.0,
-            "min": float(array.min()), "max": float(array.max())}
+    return {
+        "n": int(array.size),
+        "mean": float(array.mean()),
+        "std": float(array.std(ddof=1)) if array.size > 1 else 0.0,
+        "min": float(array.min()),
+        "max": float(array.max()),
+    }
 
 
 def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
@@ -47,9 +51,14 @@ def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(scipy.stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
-def aggregate(scores: Mapping[Key, float | None], *, baselines: Mapping[str, float],
-              baseline_arm: str | None = None, arms: Sequence[str] | None = None,
-              tasks: Sequence[str] | None = None) -> dict[str, Any]:
+def aggregate(
+    scores: Mapping[Key, float | None],
+    *,
+    baselines: Mapping[str, float],
+    baseline_arm: str | None = None,
+    arms: Sequence[str] | None = None,
+    tasks: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """The study's table (see the module docstring).
 
     Args:
@@ -68,8 +77,13 @@ def aggregate(scores: Mapping[Key, float | None], *, baselines: Mapping[str, flo
     baseline_arm = baseline_arm or arms[0]
     missing = sorted([list(k) for k, v in scores.items() if v is None])
     done = {k: float(v) for k, v in scores.items() if v is not None}
-    result: dict[str, Any] = {"arms": {}, "missing": missing, "baselines": dict(baselines),
-                              "baseline_arm": baseline_arm, "tasks": tasks}
+    result: dict[str, Any] = {
+        "arms": {},
+        "missing": missing,
+        "baselines": dict(baselines),
+        "baseline_arm": baseline_arm,
+        "tasks": tasks,
+    }
     per_seed: dict[str, dict[int, float]] = {}
     for arm in arms:
         entry: dict[str, Any] = {"tasks": {}}
@@ -86,25 +100,39 @@ def aggregate(scores: Mapping[Key, float | None], *, baselines: Mapping[str, flo
         result["arms"][arm] = entry
     for arm in arms:
         entry = result["arms"][arm]
-        entry["p_value"] = None if arm == baseline_arm else welch_p_value(
-            list(per_seed[arm].values()), list(per_seed[baseline_arm].values()))
-        entry["p_values"] = {} if arm == baseline_arm else {
-            task: welch_p_value(
-                [v for (a, t, _), v in done.items() if a == arm and t == task],
-                [v for (a, t, _), v in done.items() if a == baseline_arm and t == task])
-            for task in tasks}
+        entry["p_value"] = (
+            None
+            if arm == baseline_arm
+            else welch_p_value(list(per_seed[arm].values()), list(per_seed[baseline_arm].values()))
+        )
+        entry["p_values"] = (
+            {}
+            if arm == baseline_arm
+            else {
+                task: welch_p_value(
+                    [v for (a, t, _), v in done.items() if a == arm and t == task],
+                    [v for (a, t, _), v in done.items() if a == baseline_arm and t == task],
+                )
+                for task in tasks
+            }
+        )
     return result
 
 
 def ordering(result: Mapping[str, Any]) -> list[str]:
     """The arms by suite average, best first (arms without one last)."""
     arms = result["arms"]
-    return sorted(arms, key=lambda a: -(arms[a]["suite"]["mean"]
-                                        if arms[a]["suite"]["mean"] is not None else -math.inf))
+    return sorted(
+        arms,
+        key=lambda a: (
+            -(arms[a]["suite"]["mean"] if arms[a]["suite"]["mean"] is not None else -math.inf)
+        ),
+    )
 
 
-def compare_orderings(ours: Mapping[str, float], paper: Mapping[str, float]
-                      ) -> list[dict[str, Any]]:
+def compare_orderings(
+    ours: Mapping[str, float], paper: Mapping[str, float]
+) -> list[dict[str, Any]]:
     """Every pair of arms both sides score: which is better in the paper and here.
 
     Args:
@@ -117,10 +145,17 @@ def compare_orderings(ours: Mapping[str, float], paper: Mapping[str, float]
     """
     pairs = []
     for a, b in itertools.combinations([arm for arm in paper if arm in ours], 2):
+
         def winner(values):
             return a if values[a] > values[b] else b if values[b] > values[a] else None
 
         paper_winner, our_winner = winner(paper), winner(ours)
-        pairs.append({"pair": [a, b], "paper": paper_winner, "ours": our_winner,
-                      "reproduced": paper_winner is not None and paper_winner == our_winner})
+        pairs.append(
+            {
+                "pair": [a, b],
+                "paper": paper_winner,
+                "ours": our_winner,
+                "reproduced": paper_winner is not None and paper_winner == our_winner,
+            }
+        )
     return pairs

@@ -33,8 +33,9 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def constant_baseline(task_name: str, *, split: str = "validation",
-                      train_limit: int | None = 20000) -> dict[str, float]:
+def constant_baseline(
+    task_name: str, *, split: str = "validation", train_limit: int | None = 20000
+) -> dict[str, float]:
     """The task's metrics when every prediction is its most frequent training target.
 
     Args:
@@ -48,13 +49,13 @@ def constant_baseline(task_name: str, *, split: str = "validation",
     import seqio
 
     task = seqio.get_mixture_or_task(task_name)
-    counts = collections.Counter(_text(e["targets_pretokenized"])
-                                 for e in _texts(task, "train", train_limit))
+    counts = collections.Counter(
+        _text(e["targets_pretokenized"]) for e in _texts(task, "train", train_limit)
+    )
     constant = counts.most_common(1)[0][0]
     examples = _texts(task, split)
     post = task.postprocess_fn or (lambda value, **_: value)
-    targets = [post(_text(e["targets_pretokenized"]), example=e, is_target=True)
-               for e in examples]
+    targets = [post(_text(e["targets_pretokenized"]), example=e, is_target=True) for e in examples]
     predictions = [post(constant, example=e, is_target=False) for e in examples]
     scores: dict[str, float] = {}
     for metric_fn in task.predict_metric_fns:

@@ -12,8 +12,10 @@ import json
 import os
 from typing import Any
 
-CITATION = ("Raffel et al., Exploring the Limits of Transfer Learning with a Unified "
-            "Text-to-Text Transformer, JMLR 21(140), 2020 (arXiv:1910.10683)")
+CITATION = (
+    "Raffel et al., Exploring the Limits of Transfer Learning with a Unified "
+    "Text-to-Text Transformer, JMLR 21(140), 2020 (arXiv:1910.10683)"
+)
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_tables.json")
 
 

@@ -27,36 +27,59 @@ def paper_comparison(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict
     if "ordering" in spec:  # an ordering only: ranks stand in for scores
         order = list(spec["ordering"])
         values = {arm: float(len(order) - i) for i, arm in enumerate(order)}
-        ours = {arm: entry["suite"]["mean"] for arm, entry in result["arms"].items()
-                if entry["suite"]["mean"] is not None}
+        ours = {
+            arm: entry["suite"]["mean"]
+            for arm, entry in result["arms"].items()
+            if entry["suite"]["mean"] is not None
+        }
         pairs = _with_p_values(result, aggregate.compare_orderings(ours, values))
-        return {"table": None, "column": "ordering", "rows": {a: a for a in order},
-                "values": values, "pairs": pairs, **_counts(pairs),
-                "citation": spec["citation"]}
+        return {
+            "table": None,
+            "column": "ordering",
+            "rows": {a: a for a in order},
+            "values": values,
+            "pairs": pairs,
+            **_counts(pairs),
+            "citation": spec["citation"],
+        }
     table, column = str(spec["table"]), spec.get("column", "GLUE")
     values = {arm: paper_data.value(table, row, column) for arm, row in spec["rows"].items()}
     values = {arm: v for arm, v in values.items() if v is not None}
-    ours = {arm: entry["suite"]["mean"] for arm, entry in result["arms"].items()
-            if entry["suite"]["mean"] is not None}
+    ours = {
+        arm: entry["suite"]["mean"]
+        for arm, entry in result["arms"].items()
+        if entry["suite"]["mean"] is not None
+    }
     pairs = _with_p_values(result, aggregate.compare_orderings(ours, values))
-    return {"table": table, "column": column, "rows": dict(spec["rows"]), "values": values,
-            "pairs": pairs, **_counts(pairs), "citation": paper_data.CITATION}
+    return {
+        "table": table,
+        "column": column,
+        "rows": dict(spec["rows"]),
+        "values": values,
+        "pairs": pairs,
+        **_counts(pairs),
+        "citation": paper_data.CITATION,
+    }
 
 
 def _with_p_values(result: Mapping[str, Any], pairs: list[dict[str, Any]]) -> list[dict]:
     """Each pair with Welch's p-value of its two arms' per-seed suite averages: an ordering
     reproduced by a difference the restarts cannot tell from noise is not evidence."""
     for pair in pairs:
-        a, b = (list(result["arms"][arm].get("suite_by_seed", {}).values())
-                for arm in pair["pair"])
+        a, b = (list(result["arms"][arm].get("suite_by_seed", {}).values()) for arm in pair["pair"])
         pair["p_value"] = aggregate.welch_p_value(a, b)
     return pairs
 
 
 def _counts(pairs: list[dict[str, Any]]) -> dict[str, int]:
-    return {"reproduced": sum(p["reproduced"] for p in pairs), "compared": len(pairs),
-            "significant": sum(p["reproduced"] and p["p_value"] is not None
-                               and p["p_value"] < SIGNIFICANCE for p in pairs)}
+    return {
+        "reproduced": sum(p["reproduced"] for p in pairs),
+        "compared": len(pairs),
+        "significant": sum(
+            p["reproduced"] and p["p_value"] is not None and p["p_value"] < SIGNIFICANCE
+            for p in pairs
+        ),
+    }
 
 
 def _cell(stats: Mapping[str, Any]) -> str:
@@ -67,13 +90,17 @@ def _cell(stats: Mapping[str, Any]) -> str:
 
 def markdown(result: Mapping[str, Any]) -> str:
     tasks, arms = result["tasks"], result["arms"]
-    lines = [f"# {result.get('name', 'study')}", "",
-             f"Mean ± sample std over seeds {result.get('seeds')} of each task's score (the "
-             "mean of its metrics, best evaluation of the run); suite = per seed the mean over "
-             "tasks. Degenerate: runs at or below the task's constant baseline. p: Welch's "
-             f"t-test of the suite averages against `{result['baseline_arm']}`.", "",
-             "| arm | " + " | ".join(tasks) + " | suite | min / max | degenerate | p |",
-             "|---|" + "---|" * (len(tasks) + 4)]
+    lines = [
+        f"# {result.get('name', 'study')}",
+        "",
+        f"Mean ± sample std over seeds {result.get('seeds')} of each task's score (the "
+        "mean of its metrics, best evaluation of the run); suite = per seed the mean over "
+        "tasks. Degenerate: runs at or below the task's constant baseline. p: Welch's "
+        f"t-test of the suite averages against `{result['baseline_arm']}`.",
+        "",
+        "| arm | " + " | ".join(tasks) + " | suite | min / max | degenerate | p |",
+        "|---|" + "---|" * (len(tasks) + 4),
+    ]
     for arm, entry in arms.items():
         cells = [_cell(entry["tasks"][t]) for t in tasks]
         suite = entry["suite"]
@@ -81,12 +108,20 @@ def markdown(result: Mapping[str, Any]) -> str:
         runs = sum(entry["tasks"][t]["n"] for t in tasks)
         p = entry.get("p_value")
         lines.append(
-            f"| {arm} | " + " | ".join(cells) + f" | {_cell(suite)} | "
+            f"| {arm} | "
+            + " | ".join(cells)
+            + f" | {_cell(suite)} | "
             + (f"{suite['min']:.1f} / {suite['max']:.1f}" if suite["n"] else "-")
-            + f" | {degenerate}/{runs} | " + ("-" if p is None else f"{p:.3g}") + " |")
+            + f" | {degenerate}/{runs} | "
+            + ("-" if p is None else f"{p:.3g}")
+            + " |"
+        )
     baselines = result["baselines"]
-    lines.append("| constant baseline | " + " | ".join(f"{baselines[t]:.1f}" for t in tasks)
-                 + f" | {sum(baselines[t] for t in tasks) / len(tasks):.1f} | | | |")
+    lines.append(
+        "| constant baseline | "
+        + " | ".join(f"{baselines[t]:.1f}" for t in tasks)
+        + f" | {sum(baselines[t] for t in tasks) / len(tasks):.1f} | | | |"
+    )
     lines += ["", "Ordering here (best first): " + " > ".join(result["ordering"])]
     comparison = result.get("paper")
     if comparison:
@@ -94,20 +129,28 @@ def markdown(result: Mapping[str, Any]) -> str:
         if comparison["table"] is None:
             heading = "Ordering in the cited study: " + " > ".join(paper_order)
         else:
-            heading = (f"Ordering in the paper (Table {comparison['table']}, "
-                       f"{comparison['column']}): " + " > ".join(
-                           f"{a} ({comparison['values'][a]:.2f})" for a in paper_order))
+            heading = (
+                f"Ordering in the paper (Table {comparison['table']}, "
+                f"{comparison['column']}): "
+                + " > ".join(f"{a} ({comparison['values'][a]:.2f})" for a in paper_order)
+            )
         lines += [
-            heading, "",
+            heading,
+            "",
             f"Pairwise orderings reproduced: {comparison['reproduced']} of "
             f"{comparison['compared']}, {comparison.get('significant', 0)} of them with "
-            f"p < {SIGNIFICANCE} (Welch's t-test of the two arms' per-seed suite averages).", "",
-            "| pair | paper | here | p | reproduced |", "|---|---|---|---|---|"]
+            f"p < {SIGNIFICANCE} (Welch's t-test of the two arms' per-seed suite averages).",
+            "",
+            "| pair | paper | here | p | reproduced |",
+            "|---|---|---|---|---|",
+        ]
         for pair in comparison["pairs"]:
             p = pair.get("p_value")
-            lines.append(f"| {pair['pair'][0]} vs {pair['pair'][1]} | {pair['paper']} | "
-                         f"{pair['ours']} | {'-' if p is None else f'{p:.3g}'} | "
-                         f"{'yes' if pair['reproduced'] else 'no'} |")
+            lines.append(
+                f"| {pair['pair'][0]} vs {pair['pair'][1]} | {pair['paper']} | "
+                f"{pair['ours']} | {'-' if p is None else f'{p:.3g}'} | "
+                f"{'yes' if pair['reproduced'] else 'no'} |"
+            )
         lines += ["", f"Paper: {comparison['citation']}"]
     if result["missing"]:
         lines += ["", f"Runs without a result: {len(result['missing'])}."]
@@ -126,8 +169,7 @@ def plot(result: Mapping[str, Any], path: str) -> None:
     panels = ["suite", *tasks]
     columns = min(len(panels), 4)
     rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows),
-                                squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
         stats = [result["arms"][a]["suite" if panel == "suite" else "tasks"] for a in arms]
         if panel != "suite":
@@ -144,7 +186,7 @@ def plot(result: Mapping[str, Any], path: str) -> None:
         ax.set_title(panel, fontsize=9)
         ax.set_xticks(positions, arms, rotation=35, ha="right", fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     figure.suptitle(result.get("name", "study"), fontsize=10)

@@ -60,9 +60,15 @@ def _flatten(items) -> list[str]:
     return out
 
 
-def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
-           common: Sequence[str], lengths: Mapping[str, Any] | None,
-           corpus: str = "builtin") -> list[chain.Stage]:
+def expand(
+    arm: Mapping[str, Any],
+    task: str,
+    seed: int,
+    study_dir: str,
+    common: Sequence[str],
+    lengths: Mapping[str, Any] | None,
+    corpus: str = "builtin",
+) -> list[chain.Stage]:
     """The arm's stages for one (task, seed): placeholders filled, directories set, the task
     and seed bound.
 
@@ -77,8 +83,10 @@ def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
     if specs and specs[-1].get("evaluate"):
         unknown = sorted(set(specs[-1]) - set(EVALUATE_KEYS))
         if unknown or len(specs) < 2:
-            raise ValueError(f"Arm {arm['name']!r}: an evaluate stage has only {EVALUATE_KEYS} "
-                             "and follows a training stage.")
+            raise ValueError(
+                f"Arm {arm['name']!r}: an evaluate stage has only {EVALUATE_KEYS} "
+                "and follows a training stage."
+            )
         specs = specs[:-1]
         evaluates = True
     else:
@@ -88,26 +96,36 @@ def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
     for index, spec in enumerate(specs):
         unknown = sorted(set(spec) - set(STAGE_KEYS))
         if unknown:
-            raise ValueError(f"Arm {arm['name']!r}, stage {spec.get('name')!r}: unknown keys "
-                             f"{unknown}; a study stage has {STAGE_KEYS}.")
+            raise ValueError(
+                f"Arm {arm['name']!r}, stage {spec.get('name')!r}: unknown keys "
+                f"{unknown}; a study stage has {STAGE_KEYS}."
+            )
         last = index == len(specs) - 1 and not evaluates
 
         def fill(text: str, seed: int = seed) -> str:
-            return (text.replace("{task}", task).replace("{seed}", str(seed))
-                    .replace("{corpus}", corpus))
+            return (
+                text.replace("{task}", task)
+                .replace("{seed}", str(seed))
+                .replace("{corpus}", corpus)
+            )
 
         own = _flatten(spec.get("bindings", ()))
         per_task = last or any("{task}" in b for b in own)
         share = None if per_task else spec.get("share")
         if share not in SHARES:
-            raise ValueError(f"Arm {arm['name']!r}, stage {spec['name']!r}: share {share!r}; "
-                             f"expected one of {SHARES[1:]} or none.")
+            raise ValueError(
+                f"Arm {arm['name']!r}, stage {spec['name']!r}: share {share!r}; "
+                f"expected one of {SHARES[1:]} or none."
+            )
         stage_seed = 0 if share in ("seeds", "all") else seed
         bindings = [fill(b, stage_seed) for b in [*own, *_flatten(common)]]
         bindings.append(f"t2t.runs.train.seed = {stage_seed}")
         if last:
-            bindings += [f"MIXTURE_OR_TASK = {task!r}", f"EVAL_TASKS = [{task!r}]",
-                         "t2t.runs.train.best_metrics = {}"]
+            bindings += [
+                f"MIXTURE_OR_TASK = {task!r}",
+                f"EVAL_TASKS = [{task!r}]",
+                "t2t.runs.train.best_metrics = {}",
+            ]
             if lengths and task in lengths:
                 bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")
         if per_task:
@@ -120,10 +138,15 @@ def expand(arm: Mapping[str, Any], task: str, seed: int, study_dir: str,
             directory = os.path.join(study_dir, "shared", spec["name"])
         else:
             directory = os.path.join(base, spec["name"])
-        stages.append(chain.Stage(name=spec["name"],
-                                  gin_files=[fill(f) for f in _flatten(spec["gin_files"])],
-                                  bindings=bindings, select=spec.get("select", "last"),
-                                  directory=directory))
+        stages.append(
+            chain.Stage(
+                name=spec["name"],
+                gin_files=[fill(f) for f in _flatten(spec["gin_files"])],
+                bindings=bindings,
+                select=spec.get("select", "last"),
+                directory=directory,
+            )
+        )
     return stages
 
 
@@ -136,8 +159,11 @@ def run_score(model_dir: str, task: str) -> float | None:
     if not os.path.isdir(path):
         return None
     scalars = reporting.read_scalars(path)
-    names = [tag for tag in scalars if tag.startswith(f"{task}/")
-             and tag.split("/", 1)[1] not in _TEACHER_FORCED]
+    names = [
+        tag
+        for tag in scalars
+        if tag.startswith(f"{task}/") and tag.split("/", 1)[1] not in _TEACHER_FORCED
+    ]
     if not names:
         return None
     by_step: dict[int, list[float]] = {}
@@ -192,8 +218,7 @@ def run(
     if only_arms:
         unknown = sorted(set(only_arms) - {a["name"] for a in arms})
         if unknown:
-            raise ValueError(f"No arms {unknown} in the study; it has "
-                             f"{[a['name'] for a in arms]}.")
+            raise ValueError(f"No arms {unknown} in the study; it has {[a['name'] for a in arms]}.")
         arms = [a for a in arms if a["name"] in set(only_arms)]
     arm_names = [a["name"] for a in arms]
     if len(set(arm_names)) != len(arm_names) or not arm_names:
@@ -208,13 +233,18 @@ def run(
     for arm, task, seed in grid:
         score = _read_score(study_dir, arm, task, seed)
         if score is None and aggregate_only:  # runs launched one by one (print_commands)
-            score = _score_of_commands(study_dir, arm, task, seed, bindings,
-                                       task_feature_lengths, corpus)
+            score = _score_of_commands(
+                study_dir, arm, task, seed, bindings, task_feature_lengths, corpus
+            )
         scores[(arm["name"], task, seed)] = score
     task_baselines = _baselines(study_dir, tasks)
-    result = aggregate.aggregate(scores, baselines=task_baselines,
-                                 baseline_arm=baseline_arm or arm_names[0], arms=arm_names,
-                                 tasks=list(tasks))
+    result = aggregate.aggregate(
+        scores,
+        baselines=task_baselines,
+        baseline_arm=baseline_arm or arm_names[0],
+        arms=arm_names,
+        tasks=list(tasks),
+    )
     result["name"] = name
     result["study_dir"] = study_dir
     result["seeds"] = [int(s) for s in seeds]
@@ -252,15 +282,21 @@ def _read_score(study_dir, arm, task, seed) -> float | None:
 
 
 def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
-    todo = [(arm, task, seed) for arm, task, seed in grid
-            if _read_score(study_dir, arm, task, seed) is None]
+    todo = [
+        (arm, task, seed)
+        for arm, task, seed in grid
+        if _read_score(study_dir, arm, task, seed) is None
+    ]
     done_before = len(grid) - len(todo)
     start = time.perf_counter()
     for index, (arm, task, seed) in enumerate(todo):
         elapsed = time.perf_counter() - start
         eta = "" if not index else f", ETA {elapsed / index * (len(todo) - index) / 60:.0f} min"
-        print(f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
-              f"seed {seed} ({done_before} done before{eta})", flush=True)
+        print(
+            f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
+            f"seed {seed} ({done_before} done before{eta})",
+            flush=True,
+        )
         stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
         directory = _run_dir(study_dir, arm, task, seed)
         chain.run(directory, stages, search_paths=search_paths)
@@ -269,10 +305,22 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
         else:
             score = run_score(stages[-1].directory, task)
         with open(os.path.join(directory, SCORE_FILE), "w") as f:
-            json.dump({"arm": arm["name"], "task": task, "seed": seed, "score": score,
-                       "model_dir": stages[-1].directory}, f, indent=1)
-    print(f"study: {len(todo)} runs trained in {(time.perf_counter() - start) / 60:.1f} min, "
-          f"{done_before} found done", flush=True)
+            json.dump(
+                {
+                    "arm": arm["name"],
+                    "task": task,
+                    "seed": seed,
+                    "score": score,
+                    "model_dir": stages[-1].directory,
+                },
+                f,
+                indent=1,
+            )
+    print(
+        f"study: {len(todo)} runs trained in {(time.perf_counter() - start) / 60:.1f} min, "
+        f"{done_before} found done",
+        flush=True,
+    )
 
 
 def _evaluates(arm: Mapping[str, Any]) -> bool:
@@ -284,17 +332,22 @@ def _evaluate(model_dir: str, task: str, run_dir: str, lengths) -> float | None:
     from t2t import evaluation
 
     results = evaluation.evaluate_model_dir(
-        model_dir, [task], output_file=os.path.join(run_dir, "eval.json"),
+        model_dir,
+        [task],
+        output_file=os.path.join(run_dir, "eval.json"),
         task_feature_lengths=dict(lengths[task]) if lengths and task in lengths else None,
-        console=None)
+        console=None,
+    )
     (metrics,) = results["steps"].values()
     values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
     return baselines.task_score(values) if values else None
 
 
 def _eval_command(model_dir: str, task: str, run_dir: str) -> str:
-    return (f"t2t eval --model_dir={model_dir} --tasks={task} "
-            f"--output_file={os.path.join(run_dir, 'eval.json')}")
+    return (
+        f"t2t eval --model_dir={model_dir} --tasks={task} "
+        f"--output_file={os.path.join(run_dir, 'eval.json')}"
+    )
 
 
 def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> None:
@@ -303,12 +356,17 @@ def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> N
         stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
-            chain.run(_run_dir(study_dir, arm, task, seed), stages, dry_run=True,
-                      search_paths=search_paths)
+            chain.run(
+                _run_dir(study_dir, arm, task, seed),
+                stages,
+                dry_run=True,
+                search_paths=search_paths,
+            )
         lines = [line for line in buffer.getvalue().splitlines() if line.startswith("t2t train")]
         if _evaluates(arm):
-            lines.append(_eval_command(stages[-1].directory, task,
-                                       _run_dir(study_dir, arm, task, seed)))
+            lines.append(
+                _eval_command(stages[-1].directory, task, _run_dir(study_dir, arm, task, seed))
+            )
         for line in lines:
             if line not in seen:
                 seen.add(line)

@@ -34,7 +34,7 @@ _FREE_FIELDS = ("dropout_rate", "dtype", "param_dtype", "scan_layers", "remat_po
 
 
 def checkpoint_kind(path: str) -> str:
-    """"hf" for a HF T5 directory, "t2t" for a t2t model directory (or its checkpoints/).
+    """ "hf" for a HF T5 directory, "t2t" for a t2t model directory (or its checkpoints/).
 
     Raises:
       FileNotFoundError: when `path` is neither.
@@ -84,7 +84,7 @@ def resolve(spec: str) -> tuple[str, int | None]:
         return path, None
     if which.isdigit():
         return path, int(which)
-    return path, best_step(path, which[len("best:"):])
+    return path, best_step(path, which[len("best:") :])
 
 
 def best_step(path: str, metric: str) -> int:
@@ -103,7 +103,8 @@ def best_step(path: str, metric: str) -> int:
             f"No checkpoint of {path} was saved with {metric!r} (steps {sorted(found)}; their "
             f"metrics: {known or 'none'}). Track it with t2t.runs.train.best_metrics = "
             f"{{'{metric}': 'max'}} and evaluate at checkpoint steps (eval_every = "
-            "checkpoint_every), or start from @last.")
+            "checkpoint_every), or start from @last."
+        )
     sign = 1.0 if higher_is_better(metric) else -1.0
     return max(scored, key=lambda step: (sign * scored[step], -step))
 
@@ -123,8 +124,9 @@ def source_config(path: str, **overrides) -> TransformerConfig:
 _ADDITION_FIELDS = ("adapter_size", "lora_rank", "lora_alpha", "lora_targets", "prompt_length")
 
 
-def check_compatible(source: TransformerConfig, config: TransformerConfig, what: str, *,
-                     reinit: bool = False) -> None:
+def check_compatible(
+    source: TransformerConfig, config: TransformerConfig, what: str, *, reinit: bool = False
+) -> None:
     """Raises ValueError when `source` and `config` describe different networks.
 
     Dropout, dtypes and the layer layout may differ (fine-tuning changes them), and the run may
@@ -150,10 +152,17 @@ def check_compatible(source: TransformerConfig, config: TransformerConfig, what:
         )
 
 
-def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State,
-                step: int | None = None, *, partitioner: Any = None,
-                reinit: Sequence[str] = (), seed: int = 0, prompt_init: str = "vocabulary",
-                ) -> tuple[nnx.State, dict[str, Any]]:
+def load_params(
+    path: str,
+    config: TransformerConfig,
+    abstract_params: nnx.State,
+    step: int | None = None,
+    *,
+    partitioner: Any = None,
+    reinit: Sequence[str] = (),
+    seed: int = 0,
+    prompt_init: str = "vocabulary",
+) -> tuple[nnx.State, dict[str, Any]]:
     """The parameters of a HF directory or t2t run, laid out as `abstract_params` says.
 
     A source in the other layer layout (scanned or not) is converted (`t2t.nn.to_layout`). When
@@ -189,8 +198,9 @@ def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State
             return _place(nnx.to_pure_dict(state), abstract_params), description
         values = nnx.to_pure_dict(state)
     else:
-        source, values, loaded_step = _restore_t2t(path, step, config, abstract_params,
-                                                   partitioner, bool(reinit))
+        source, values, loaded_step = _restore_t2t(
+            path, step, config, abstract_params, partitioner, bool(reinit)
+        )
         description = {"kind": T2T, "path": os.path.abspath(path), "step": loaded_step}
         if isinstance(values, nnx.State):  # the same network: already in the run's shards
             return values, description
@@ -198,16 +208,19 @@ def load_params(path: str, config: TransformerConfig, abstract_params: nnx.State
         values, source = t2t_nn.merge_lora(values, source)
         description["merged_lora"] = True
     if partitioner is None:
-        raise ValueError("Initializing added or re-initialized parameters needs the run's "
-                         "partitioner.")
-    fresh = nnx.to_pure_dict(nnx.split(partitioner.init_model(
-        lambda: t2t_nn.build(config, nnx.Rngs(params=seed))))[1])
+        raise ValueError(
+            "Initializing added or re-initialized parameters needs the run's partitioner."
+        )
+    fresh = nnx.to_pure_dict(
+        nnx.split(partitioner.init_model(lambda: t2t_nn.build(config, nnx.Rngs(params=seed))))[1]
+    )
     merged, started = _fill(fresh, values, reinit)
     if started:
         description["initialized"] = started
     if config.prompt_length and prompt_init == "vocabulary" and "prompt/embedding" in started:
         merged["prompt"]["embedding"], tokens = _prompt_from_vocabulary(
-            merged["token_embedder"]["embedding"], config.prompt_length, seed)
+            merged["token_embedder"]["embedding"], config.prompt_length, seed
+        )
         description["prompt_tokens"] = tokens
     return _place(merged, abstract_params), description
 
@@ -235,7 +248,8 @@ def _restore_t2t(path, step, config, abstract_params, partitioner, reinit):
             raise ValueError(
                 f"The checkpoint {path} is another network or layout (scan_layers="
                 f"{source.scan_layers}, run {config.scan_layers}); converting needs the run's "
-                "partitioner.")
+                "partitioner."
+            )
         _, target = partitioner.abstract_model(lambda: t2t_nn.build(source, nnx.Rngs(params=0)))
     try:
         restored = manager.restore(metadata["step"], abstract_params=target)
@@ -246,8 +260,7 @@ def _restore_t2t(path, step, config, abstract_params, partitioner, reinit):
         layout = source.replace(scan_layers=config.scan_layers)
         shardings = jax.tree.map(lambda x: x.sharding, abstract_params) if same else None
         with partitioner.context():
-            params = jax.jit(lambda p: t2t_nn.to_layout(p, layout),
-                             out_shardings=shardings)(params)
+            params = jax.jit(lambda p: t2t_nn.to_layout(p, layout), out_shardings=shardings)(params)
         source = layout
     if same:
         return source, params, restored.step
@@ -257,8 +270,11 @@ def _restore_t2t(path, step, config, abstract_params, partitioner, reinit):
 def _place(values: Any, abstract_params: nnx.State) -> nnx.State:
     """A pure dict of arrays (host or device) as a State in the shards of `abstract_params`."""
     params = jax.tree.map(lambda x: x, abstract_params)  # a new State to fill
-    placed = jax.tree.map(lambda a, v: jax.device_put(v.astype(a.dtype), a.sharding),
-                          nnx.to_pure_dict(abstract_params), values)
+    placed = jax.tree.map(
+        lambda a, v: jax.device_put(v.astype(a.dtype), a.sharding),
+        nnx.to_pure_dict(abstract_params),
+        values,
+    )
     nnx.replace_by_pure_dict(params, placed)
     return params
 
@@ -277,8 +293,12 @@ def _fill(fresh: dict, source: dict, reinit: Sequence[str]) -> tuple[dict, list[
     from t2t.finetuning import groups
     from t2t.nn.additions import is_added
 
-    masks = {path: mask for (path, _), mask in zip(
-        groups.leaf_shapes(fresh), groups.masks_of(groups.select(fresh, reinit)))}
+    masks = {
+        path: mask
+        for (path, _), mask in zip(
+            groups.leaf_shapes(fresh), groups.masks_of(groups.select(fresh, reinit))
+        )
+    }
     flat_source = {"/".join(k): v for k, v in _flatten(source)}
     started, problems = [], []
 
@@ -288,8 +308,9 @@ def _fill(fresh: dict, source: dict, reinit: Sequence[str]) -> tuple[dict, list[
         fits = old is not None and tuple(old.shape) == tuple(new.shape)
         if isinstance(mask, np.ndarray):  # some layers of a stacked parameter start afresh
             if not fits:
-                problems.append(f"{path}: checkpoint {None if old is None else old.shape}, "
-                                f"run {new.shape}")
+                problems.append(
+                    f"{path}: checkpoint {None if old is None else old.shape}, run {new.shape}"
+                )
                 return new
             started.append(path)
             keep = mask.reshape((-1,) + (1,) * (new.ndim - 1))
@@ -298,8 +319,10 @@ def _fill(fresh: dict, source: dict, reinit: Sequence[str]) -> tuple[dict, list[
             started.append(path)
             return new
         if not fits:
-            problems.append(f"{path}: checkpoint {None if old is None else tuple(old.shape)}, "
-                            f"run {tuple(new.shape)}")
+            problems.append(
+                f"{path}: checkpoint {None if old is None else tuple(old.shape)}, "
+                f"run {tuple(new.shape)}"
+            )
             return new
         return old
 
@@ -308,7 +331,8 @@ def _fill(fresh: dict, source: dict, reinit: Sequence[str]) -> tuple[dict, list[
         raise ValueError(
             "The checkpoint cannot fill these parameters of the run's network: "
             f"{'; '.join(problems[:6])}{' ...' if len(problems) > 6 else ''}. Re-initialize "
-            "them (FineTuning.reinit, e.g. ['decoder']) or use the checkpoint's network.")
+            "them (FineTuning.reinit, e.g. ['decoder']) or use the checkpoint's network."
+        )
     return merged, started
 
 
@@ -321,8 +345,14 @@ def _flatten(tree: dict, prefix: tuple[str, ...] = ()):
 
 
 def _map_paths(fn, tree: dict, prefix: str = "") -> dict:
-    return {key: (_map_paths(fn, value, f"{prefix}{key}/") if isinstance(value, dict)
-                  else fn(f"{prefix}{key}", value)) for key, value in tree.items()}
+    return {
+        key: (
+            _map_paths(fn, value, f"{prefix}{key}/")
+            if isinstance(value, dict)
+            else fn(f"{prefix}{key}", value)
+        )
+        for key, value in tree.items()
+    }
 
 
 # Lester et al. (2021) sample prompt initializations from the 5,000 most common tokens; the
@@ -334,6 +364,7 @@ def _prompt_from_vocabulary(embedding, length: int, seed: int):
     """P rows of the embedding table [V, D] of distinct sampled tokens: -> ([P, D], ids)."""
     low, high = _PROMPT_VOCABULARY
     high = min(high, embedding.shape[0])
-    ids = np.random.default_rng(seed).choice(np.arange(low, high), length,
-                                            replace=high - low < length)
+    ids = np.random.default_rng(seed).choice(
+        np.arange(low, high), length, replace=high - low < length
+    )
     return jnp.take(jnp.asarray(embedding), jnp.asarray(ids), axis=0), [int(i) for i in ids]

@@ -64,7 +64,8 @@ class Preempted(Exception):
         self.step, self.signal_name = step, signal_name
         super().__init__(
             f"stopped by {signal_name} at step {step}; its checkpoint is saved in {directory}. "
-            "Run the same command again to resume from it.")
+            "Run the same command again to resume from it."
+        )
 
 
 class NonFiniteError(FloatingPointError):
@@ -77,8 +78,9 @@ class NonFiniteError(FloatingPointError):
         if last_checkpoint is None:
             kept, then = "no checkpoint was saved", "start the run again"
         else:
-            kept = (f"the last checkpoint (step {last_checkpoint}) holds the last saved good "
-                    "parameters")
+            kept = (
+                f"the last checkpoint (step {last_checkpoint}) holds the last saved good parameters"
+            )
             then = "restart from that checkpoint"
         super().__init__(
             f"Training stopped at step {step}: {problem}. Nothing of this step was saved; "
@@ -171,7 +173,8 @@ class Trainer:
         if reduce_on_plateau is not None:
             self.tx = optax.chain(self.tx, monitors.scale_by_plateau())
         if early_stopping is not None and early_stopping.metric not in {
-                m.name for m in best_metrics}:
+            m.name for m in best_metrics
+        }:
             best_metrics = [*best_metrics, BestMetric(early_stopping.metric, early_stopping.mode)]
         self.watches = {"early_stopping": monitors.Watch(), "reduce_on_plateau": monitors.Watch()}
         self.stopped_early: int | None = None  # the step training stopped early at
@@ -180,7 +183,10 @@ class Trainer:
         self.learning_rate = learning_rate
         self.num_microbatches = num_microbatches
         self.log_every, self.checkpoint_every, self.eval_every = (
-            log_every, checkpoint_every, eval_every)
+            log_every,
+            checkpoint_every,
+            eval_every,
+        )
         self.eval_data = dict(eval_data or {})
         self.evaluators = list(evaluators)
         self.metadata = dict(metadata or {})
@@ -210,9 +216,14 @@ class Trainer:
         self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
         self._window_start = time.perf_counter()
         self.init_description = self._initialize(init_checkpoint)
-        self._writers = {name: (reporting.ScalarWriter(os.path.join(self.model_dir, name))
-                                if self.is_chief else reporting.NoWriter())
-                         for name in ("train", "eval")}
+        self._writers = {
+            name: (
+                reporting.ScalarWriter(os.path.join(self.model_dir, name))
+                if self.is_chief
+                else reporting.NoWriter()
+            )
+            for name in ("train", "eval")
+        }
         for writer in self._writers.values():
             writer.restart(self.step + 1)
         self._curve_train, self._curve_eval = self._earlier_curves()
@@ -232,10 +243,16 @@ class Trainer:
                 on_damaged=self._set_aside,
             )
             self.params, self.opt_state, self.step = (
-                restored.params, restored.opt_state, restored.step)
+                restored.params,
+                restored.opt_state,
+                restored.step,
+            )
             if restored.skipped and self.is_chief:
-                print(f"Resuming from step {restored.step}, the newest intact checkpoint.",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"Resuming from step {restored.step}, the newest intact checkpoint.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.tokens_seen = int(restored.metadata.get("tokens_seen", 0))
             self.examples_seen = int(restored.metadata.get("examples_seen", 0))
             for name, seen in restored.metadata.get("watches", {}).items():
@@ -246,13 +263,19 @@ class Trainer:
         self.step = 0
         if init_checkpoint:
             self.params, description = init.load_params(
-                init_checkpoint, self.config, self.abstract_params, partitioner=self.partitioner,
-                reinit=self.finetuning.reinit, seed=self._seed,
-                prompt_init=self.finetuning.prompt_init)
+                init_checkpoint,
+                self.config,
+                self.abstract_params,
+                partitioner=self.partitioner,
+                reinit=self.finetuning.reinit,
+                seed=self._seed,
+                prompt_init=self.finetuning.prompt_init,
+            )
         else:
             config, seed = self.config, self._seed
             module = self.partitioner.init_model(
-                lambda: t2t_nn.build(config, nnx.Rngs(params=seed)))
+                lambda: t2t_nn.build(config, nnx.Rngs(params=seed))
+            )
             self.params = nnx.split(module)[1]
             description = {"kind": "random", "seed": seed}
         self.opt_state = self.partitioner.init_optimizer(self.tx, self.params)
@@ -276,8 +299,10 @@ class Trainer:
         train = reporting.read_scalars(os.path.join(self.model_dir, "train"), self.step)
         evals = reporting.read_scalars(os.path.join(self.model_dir, "eval"), self.step)
         suffix = reporting.CURVE_EVAL_SUFFIX
-        return (list(train.get(reporting.CURVE_TRAIN_TAG, [])),
-                {tag[: -len(suffix)]: list(v) for tag, v in evals.items() if tag.endswith(suffix)})
+        return (
+            list(train.get(reporting.CURVE_TRAIN_TAG, [])),
+            {tag[: -len(suffix)]: list(v) for tag, v in evals.items() if tag.endswith(suffix)},
+        )
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -294,9 +319,12 @@ class Trainer:
         first_step = self.step
         if self.stopped_early is not None:
             num_steps = self.step  # an early-stopped run stays stopped
-        progress = reporting.Progress(num_steps, self.step,  # no bar when nothing is left
-                                      enabled=self.progress_enabled and self.step < num_steps,
-                                      silent=not self.is_chief)
+        progress = reporting.Progress(
+            num_steps,
+            self.step,  # no bar when nothing is left
+            enabled=self.progress_enabled and self.step < num_steps,
+            silent=not self.is_chief,
+        )
         self._window_start = time.perf_counter()
         eval_results: dict[str, float] = {}
         try:
@@ -318,14 +346,16 @@ class Trainer:
                 num_steps = self.step
                 break
             except Exception as error:  # noqa: BLE001 (tf.data's InvalidArgumentError)
-                if self.init_description.get("kind") == "resume" and \
-                        "Incompatible shapes" in str(error):
+                if self.init_description.get("kind") == "resume" and "Incompatible shapes" in str(
+                    error
+                ):
                     raise ValueError(
                         f"The input pipeline saved in {self.model_dir}'s checkpoint makes "
                         "batches of another shape than this run's (a different batch size or "
                         "feature lengths): resume with the settings that wrote it (its "
                         "config.gin), or give a new MODEL_DIR with INIT_CHECKPOINT set to this "
-                        "one to start from its parameters.") from None
+                        "one to start from its parameters."
+                    ) from None
                 raise
             self._dispatch(local)
             progress.advance()
@@ -353,9 +383,12 @@ class Trainer:
                 raise KeyboardInterrupt  # a second Ctrl-C: stop at once
             self._stop_signal = signum
             if self.is_chief:
-                print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after "
-                      "this step, then stopping (Ctrl-C again stops at once, without saving).",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\n{signal.Signals(signum).name} received: saving a checkpoint after "
+                    "this step, then stopping (Ctrl-C again stops at once, without saving).",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -383,8 +416,10 @@ class Trainer:
         if self._saved_step != self.step:
             self._save(None, progress)
         self._report_commits(progress, wait=True)
-        raise Preempted(self.step, signal.Signals(self._stop_signal).name,
-                        os.fspath(self.manager.directory))
+        raise Preempted(
+            self.step, signal.Signals(self._stop_signal).name, os.fspath(self.manager.directory)
+        )
+
     def _dispatch(self, local: Mapping[str, np.ndarray]) -> None:
         """Runs one train step on a host batch without waiting for it."""
         batch = self.partitioner.make_global_batch(local)
@@ -393,16 +428,24 @@ class Trainer:
             if self._train_step is None:
                 self._train_step = self._compile(batch, step)
             self.params, self.opt_state, metrics = self._train_step(
-                self.params, self.opt_state, batch, self.rng, step)
+                self.params, self.opt_state, batch, self.rng, step
+            )
         self.step += 1
         self._pending.append((self.step, metrics))
 
     def _compile(self, batch, step) -> Callable:
         start = time.perf_counter()
         jitted = steps.jit_train_step(
-            steps.make_train_step(self.model, self.tx, num_microbatches=self.num_microbatches,
-                                  grad_shardings=steps.shardings_of(self.abstract_params)),
-            self.partitioner, self.abstract_params, self.abstract_opt_state, batch,
+            steps.make_train_step(
+                self.model,
+                self.tx,
+                num_microbatches=self.num_microbatches,
+                grad_shardings=steps.shardings_of(self.abstract_params),
+            ),
+            self.partitioner,
+            self.abstract_params,
+            self.abstract_opt_state,
+            batch,
         )
         compiled = jitted.lower(self.params, self.opt_state, batch, self.rng, step).compile()
         self.compile_seconds = time.perf_counter() - start
@@ -489,8 +532,9 @@ class Trainer:
             sums = []
             with self.partitioner.context():
                 for local in make_batches():
-                    sums.append(self._eval_step(self.params,
-                                                self.partitioner.make_global_batch(local)))
+                    sums.append(
+                        self._eval_step(self.params, self.partitioner.make_global_batch(local))
+                    )
             if not sums:
                 raise ValueError(f"The eval set {name!r} produced no batch.")
             totals = {k: sum(float(s[k]) for s in jax.device_get(sums)) for k in steps.EVAL_SUMS}
@@ -503,8 +547,11 @@ class Trainer:
         self.eval_history.append((self.step, results))
         self._writers["eval"].write(self.step, results)
         self._writers["eval"].flush()
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in results.items()
-                          if not k.endswith(("/target_tokens", "/z_loss")))
+        shown = ", ".join(
+            f"{k} {v:.4g}"
+            for k, v in results.items()
+            if not k.endswith(("/target_tokens", "/z_loss"))
+        )
         if progress is not None:
             progress.note(f"step {self.step} eval: {shown}")
         elif self.is_chief:
@@ -527,17 +574,21 @@ class Trainer:
                     new = max(scale * plateau.factor, plateau.min_scale)
                     self.opt_state = monitors.with_plateau_scale(self.opt_state, new)
                     watch.cooling, watch.since_best = plateau.cooldown, 0
-                    progress.note(f"step {self.step}: {plateau.metric} has not improved on "
-                                  f"{watch.best:.4g} for {plateau.patience} evaluations; update "
-                                  f"scale {scale:.3g} -> {new:.3g}")
+                    progress.note(
+                        f"step {self.step}: {plateau.metric} has not improved on "
+                        f"{watch.best:.4g} for {plateau.patience} evaluations; update "
+                        f"scale {scale:.3g} -> {new:.3g}"
+                    )
         if stopping is not None:
             watch = self.watches["early_stopping"]
             due = watch.observe(self.step, monitors.metric_value(results, stopping), stopping)
             if watch.since_best >= stopping.patience:
                 self.stopped_early = self.step
-                progress.note(f"step {self.step}: stopping early, {stopping.metric} has not "
-                              f"improved for {stopping.patience} evaluations; best "
-                              f"{watch.best:.4g} at step {watch.best_step} (checkpoint kept)")
+                progress.note(
+                    f"step {self.step}: stopping early, {stopping.metric} has not "
+                    f"improved for {stopping.patience} evaluations; best "
+                    f"{watch.best:.4g} at step {watch.best_step} (checkpoint kept)"
+                )
                 due = True
         return due
 
@@ -546,9 +597,12 @@ class Trainer:
     def _save(self, metrics: Mapping[str, float] | None, progress: reporting.Progress) -> None:
         savable = hasattr(self.train_data, "save") and hasattr(self.train_data, "restore")
         self.manager.save(
-            self.step, params=self.params, opt_state=self.opt_state,
+            self.step,
+            params=self.params,
+            opt_state=self.opt_state,
             data_iterator=self.train_data if savable else None,
-            metadata=self.checkpoint_metadata(), metrics=metrics,
+            metadata=self.checkpoint_metadata(),
+            metrics=metrics,
         )
         self._saved_step = self.step
         self._uncommitted.append(self.step)
@@ -589,8 +643,12 @@ class Trainer:
         path = os.path.join(self.model_dir, LOSS_CURVE_FILE)
         if not self.is_chief:
             return path
-        reporting.plot_loss_curve(path, self._curve_train, self._curve_eval,
-                                  title=os.path.basename(os.path.normpath(self.model_dir)))
+        reporting.plot_loss_curve(
+            path,
+            self._curve_train,
+            self._curve_eval,
+            title=os.path.basename(os.path.normpath(self.model_dir)),
+        )
         return path
 
     def _finish(self) -> None:
@@ -619,6 +677,9 @@ class Trainer:
             "tokens_seen": self.tokens_seen,
             "eval": dict(eval_results),
             "stopped_early": self.stopped_early,
-            "best": {name: {"value": w.best, "step": w.best_step}
-                     for name, w in self.watches.items() if w.best is not None},
+            "best": {
+                name: {"value": w.best, "step": w.best_step}
+                for name, w in self.watches.items()
+                if w.best is not None
+            },
         }

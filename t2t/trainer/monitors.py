@@ -74,7 +74,8 @@ class ReduceOnPlateau:
             raise ValueError(f"ReduceOnPlateau.factor must be in (0, 1), got {self.factor!r}.")
         if not 0 < self.min_scale <= 1:
             raise ValueError(
-                f"ReduceOnPlateau.min_scale must be in (0, 1], got {self.min_scale!r}.")
+                f"ReduceOnPlateau.min_scale must be in (0, 1], got {self.min_scale!r}."
+            )
 
 
 def _check(watcher, name: str) -> None:
@@ -120,7 +121,8 @@ def metric_value(results: dict[str, float], watcher) -> float:
             f"{type(watcher).__name__} watches {watcher.metric!r}, which the evaluation does "
             f"not report; it reports {sorted(results)}. Name one of those (eval tasks give "
             "<task>/loss and <task>/token_accuracy, evaluators the task metrics, e.g. "
-            "<task>/accuracy).")
+            "<task>/accuracy)."
+        )
     return float(results[watcher.metric])
 
 

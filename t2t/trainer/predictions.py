@@ -33,8 +33,12 @@ def _text(vocabulary: seqio.Vocabulary, tokens: np.ndarray) -> str:
 
 
 def show_examples(
-    model, params, partitioner: Partitioner, config: pipeline.PipelineConfig,
-    vocabulary: seqio.Vocabulary, num_examples: int,
+    model,
+    params,
+    partitioner: Partitioner,
+    config: pipeline.PipelineConfig,
+    vocabulary: seqio.Vocabulary,
+    num_examples: int,
 ) -> list[Prediction]:
     """Greedily decodes the first `num_examples` examples of `config`'s data, for display.
 
@@ -56,18 +60,28 @@ def show_examples(
     from t2t import inference
 
     if model.config.is_decoder_only:
-        raise ValueError("Showing predictions here supports encoder-decoder models; decoder-only "
-                         "models decode after a prompt (use the inference tools).")
+        raise ValueError(
+            "Showing predictions here supports encoder-decoder models; decoder-only "
+            "models decode after a prompt (use the inference tools)."
+        )
     data_size = partitioner.mesh.shape[partitioner.batch_axis] if partitioner.batch_axis else 1
     size = -(-num_examples // data_size) * data_size  # a multiple of the data axis
-    config = dataclasses.replace(config, global_batch_size=num_examples, pack=False,
-                                 shuffle=False, num_epochs=1, shard_index=0, num_shards=1)
+    config = dataclasses.replace(
+        config,
+        global_batch_size=num_examples,
+        pack=False,
+        shuffle=False,
+        num_epochs=1,
+        shard_index=0,
+        num_shards=1,
+    )
     # One batch of at most num_examples rows (fewer when the split is smaller), split into rows.
     batch = next(pipeline.build_dataset(config).as_numpy_iterator())
     count = len(batch["decoder_target_tokens"])
     rows = [{name: value[i] for name, value in batch.items()} for i in range(count)]
-    predictor = inference.Predictor(model, DecodingConfig(method="greedy"), batch_size=size,
-                                    partitioner=partitioner)
+    predictor = inference.Predictor(
+        model, DecodingConfig(method="greedy"), batch_size=size, partitioner=partitioner
+    )
     tokens, _ = predictor.predict(params, rows)
     return [
         Prediction(
@@ -83,6 +97,8 @@ def format_predictions(predictions: list[Prediction]) -> str:
     """The predictions as indented text blocks, one per example."""
     blocks = []
     for i, p in enumerate(predictions, 1):
-        blocks.append(f"[{i}] input:      {p.inputs}\n    target:     {p.targets}\n"
-                      f"    prediction: {p.prediction}")
+        blocks.append(
+            f"[{i}] input:      {p.inputs}\n    target:     {p.targets}\n"
+            f"    prediction: {p.prediction}"
+        )
     return "\n".join(blocks)

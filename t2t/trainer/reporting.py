@@ -62,7 +62,8 @@ class ScalarWriter:
         from tensorboard.compat.proto import event_pb2
 
         event = event_pb2.Event(
-            wall_time=time.time(), step=first_step,
+            wall_time=time.time(),
+            step=first_step,
             session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START),
         )
         self._writer.add_event(event)
@@ -70,10 +71,13 @@ class ScalarWriter:
     def write(self, step: int, scalars: Mapping[str, float]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
-        values = [summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
-                  for tag, value in scalars.items()]
-        event = event_pb2.Event(wall_time=time.time(), step=int(step),
-                                summary=summary_pb2.Summary(value=values))
+        values = [
+            summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+            for tag, value in scalars.items()
+        ]
+        event = event_pb2.Event(
+            wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
+        )
         self._writer.add_event(event)
 
     def flush(self) -> None:
@@ -112,15 +116,22 @@ class Progress:
     Writes to stderr; `note` prints a line above the bar (evaluations, checkpoints).
     """
 
-    def __init__(self, total_steps: int, initial_step: int, *, enabled: bool = True,
-                 silent: bool = False):
+    def __init__(
+        self, total_steps: int, initial_step: int, *, enabled: bool = True, silent: bool = False
+    ):
         """`enabled`: draw the bar (notes print as plain lines otherwise); `silent`: print
         nothing at all (the processes of a multi-host run other than process 0)."""
         from tqdm import tqdm
 
         self._bar = tqdm(
-            total=total_steps, initial=initial_step, disable=silent or not enabled, unit="step",
-            dynamic_ncols=True, file=sys.stderr, mininterval=1.0, smoothing=0.1,
+            total=total_steps,
+            initial=initial_step,
+            disable=silent or not enabled,
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            mininterval=1.0,
+            smoothing=0.1,
         )
         self.enabled = enabled and not silent
         self.silent = silent
@@ -130,8 +141,11 @@ class Progress:
 
     def show(self, metrics: Mapping[str, float]) -> None:
         shown = {}
-        for name, label, fmt in (("loss", "loss", "{:.3f}"), ("token_accuracy", "acc", "{:.3f}"),
-                                 ("tokens_per_second", "tok/s", "{:.0f}")):
+        for name, label, fmt in (
+            ("loss", "loss", "{:.3f}"),
+            ("token_accuracy", "acc", "{:.3f}"),
+            ("tokens_per_second", "tok/s", "{:.0f}"),
+        ):
             if name in metrics:
                 shown[label] = fmt.format(metrics[name])
         self._bar.set_postfix(shown, refresh=False)
@@ -181,8 +195,12 @@ def plot_loss_curve(
         steps, values = (np.asarray(v, np.float64) for v in zip(*train))
         axis.plot(steps, values, color="tab:blue", alpha=0.25, linewidth=0.8)
         window = max(1, len(values) // 50)
-        axis.plot(steps, _smooth(values, window), color="tab:blue",
-                  label=f"train (moving average of {window})")
+        axis.plot(
+            steps,
+            _smooth(values, window),
+            color="tab:blue",
+            label=f"train (moving average of {window})",
+        )
     for name, points in dict(evals).items():
         if points:
             steps, values = zip(*points)

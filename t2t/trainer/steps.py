@@ -44,8 +44,9 @@ def batch_counts(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
 
     Example: decoder_segment_ids [[1, 1, 2, 0], [1, 0, 0, 0], [0, 0, 0, 0]] -> 3 examples.
     """
-    tokens = sum(jnp.sum(batch[name] != 0, dtype=jnp.int32)
-                 for name in _TOKEN_FEATURES if name in batch)
+    tokens = sum(
+        jnp.sum(batch[name] != 0, dtype=jnp.int32) for name in _TOKEN_FEATURES if name in batch
+    )
     if "decoder_segment_ids" in batch:
         examples = jnp.sum(jnp.max(batch["decoder_segment_ids"], axis=1), dtype=jnp.int32)
     else:
@@ -53,8 +54,13 @@ def batch_counts(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     return {"num_tokens": tokens, "num_examples": examples}
 
 
-def make_train_step(model: Any, tx: optax.GradientTransformation, *,
-                    num_microbatches: int = 1, grad_shardings: Any = None) -> Callable:
+def make_train_step(
+    model: Any,
+    tx: optax.GradientTransformation,
+    *,
+    num_microbatches: int = 1,
+    grad_shardings: Any = None,
+) -> Callable:
     """The pure training step of `model` (a `t2t.models` wrapper) with optimizer `tx`.
 
     `grad_shardings` (the parameters' shardings) keeps the gradient sums of microbatches split
@@ -71,8 +77,13 @@ def make_train_step(model: Any, tx: optax.GradientTransformation, *,
     def train_step(params, opt_state, batch, rng, step):
         dropout_rng = jax.random.fold_in(rng, step)
         loss, aux, grads = optim.accumulate_gradients(
-            model.loss_fn, params, batch, dropout_rng, num_microbatches,
-            grad_shardings=grad_shardings)
+            model.loss_fn,
+            params,
+            batch,
+            dropout_rng,
+            num_microbatches,
+            grad_shardings=grad_shardings,
+        )
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {
@@ -125,15 +136,24 @@ def jit_train_step(
     replicated = partitioner.replicated
     return jax.jit(
         train_step,
-        in_shardings=(params_sharding, opt_sharding, partitioner.batch_shardings(batch_spec),
-                      replicated, replicated),
+        in_shardings=(
+            params_sharding,
+            opt_sharding,
+            partitioner.batch_shardings(batch_spec),
+            replicated,
+            replicated,
+        ),
         out_shardings=(params_sharding, opt_sharding, replicated),
         donate_argnums=(0, 1),
     )
 
 
-def jit_eval_step(eval_step: Callable, partitioner: Partitioner, abstract_params: Any,
-                  batch_spec: Mapping[str, Any]) -> Callable:
+def jit_eval_step(
+    eval_step: Callable,
+    partitioner: Partitioner,
+    abstract_params: Any,
+    batch_spec: Mapping[str, Any],
+) -> Callable:
     """`eval_step` under `jax.jit` with the parameters' shardings and a split batch."""
     return jax.jit(
         eval_step,
@@ -190,9 +210,13 @@ def eval_scalars(sums: Mapping[str, float]) -> dict[str, float]:
 
 
 # Quantities whose non-finite value stops a run, in the order they are reported.
-_WATCHED = (("loss", "the loss"), ("z_loss_sum", "the z-loss"),
-            ("cross_ent_sum", "the cross-entropy"), ("grad_norm", "the gradient norm"),
-            ("param_norm", "the updated parameters' norm"))
+_WATCHED = (
+    ("loss", "the loss"),
+    ("z_loss_sum", "the z-loss"),
+    ("cross_ent_sum", "the cross-entropy"),
+    ("grad_norm", "the gradient norm"),
+    ("param_norm", "the updated parameters' norm"),
+)
 
 
 def first_non_finite(raw: Mapping[str, Any]) -> str | None:

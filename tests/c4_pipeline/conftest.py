@@ -39,8 +39,10 @@ FARM = Page(
     "\n".join(
         ["Home | Shop | Contact", "Welcome to Valley Farm", FARM_BODY[0] + "[1]"]
         + FARM_BODY[1:]
-        + ["Please enable JavaScript to view the opening hours on our map.",
-           "This website uses cookies to give you the best experience possible."]
+        + [
+            "Please enable JavaScript to view the opening hours on our map.",
+            "This website uses cookies to give you the best experience possible.",
+        ]
         + FOOTER
         + ["Read more..."]
     ),
@@ -88,7 +90,9 @@ TRUNCATED_TAIL = (
     b"WARC/1.0\r\nWARC-Type: conversion\r\nWARC-Target-URI: http://cut.example.com/\r\n"
     b"WARC-Date: 2019-04-20T15:00:00Z\r\nContent-Length: 500\r\n\r\nThis record stops early."
 )
-WARCINFO = b"WARC/1.0\r\nWARC-Type: warcinfo\r\nContent-Length: 16\r\n\r\nisPartOf: test\r\n\r\n\r\n"
+WARCINFO = (
+    b"WARC/1.0\r\nWARC-Type: warcinfo\r\nContent-Length: 16\r\n\r\nisPartOf: test\r\n\r\n\r\n"
+)
 STRAY = b"\x00\x01 stray bytes between records\n"
 BAD_LENGTH = b"WARC/1.0\r\nWARC-Type: conversion\r\nContent-Length: many\r\n\r\nSome text.\r\n\r\n"
 
@@ -106,9 +110,7 @@ def write_fixture(directory: pathlib.Path) -> list[str]:
         for record in records:
             f.write(gzip.compress(record))
     second = directory / "part-00001.warc.wet"
-    second.write_bytes(
-        b"".join(wet.encode_wet_record(p) for p in (RUDE, MENU)) + TRUNCATED_TAIL
-    )
+    second.write_bytes(b"".join(wet.encode_wet_record(p) for p in (RUDE, MENU)) + TRUNCATED_TAIL)
     return [str(first), str(second)]
 
 

@@ -45,7 +45,9 @@ _TEXTS = st.text(alphabet="abAB c$-.\n", max_size=30)
 def test_fast_path_equals_one_regex(words, text):
     # The reference: one regular expression with non-word boundaries over every entry.
     pattern = re.compile(r"(?:\W|^)(?:{})(?:\W|$)".format("|".join(re.escape(w) for w in words)))
-    assert badwords.BadWordsFilter(words).contains_bad_word(text) == bool(pattern.search(text.lower()))
+    assert badwords.BadWordsFilter(words).contains_bad_word(text) == bool(
+        pattern.search(text.lower())
+    )
 
 
 def test_load_from_file(tmp_path):

@@ -60,7 +60,9 @@ def test_remove_marked_keeps_what_a_keeper_covers():
 
 
 def test_docstring_worked_example():
-    a, b = _ranked("http://a.org", "http://b.org", f"{A} {B} {C} {D}", f"{X} {A} {B} {C}\n{A} {B} {C}")
+    a, b = _ranked(
+        "http://a.org", "http://b.org", f"{A} {B} {C} {D}", f"{X} {A} {B} {C}\n{A} {B} {C}"
+    )
     counters = collections.Counter()
     assert dedup.deduplicate_in_memory([b, a], counters) == [a]
     assert dict(counters) == {
@@ -76,12 +78,18 @@ def test_docstring_worked_example():
 # Two pages share a footer span (F1 F2 F3); the second also repeats a paragraph inside itself.
 F1, F2, F3 = "Subscribe to our letter.", "It comes every week.", "Cancel at any time."
 P1, P2, P3 = "Rivers flood in spring.", "Farmers plant in May.", "Harvest comes in autumn."
-Q1, Q2, Q3, Q4 = "Cats sleep all day.", "Dogs bark at night.", "Birds sing at dawn.", "Owls hunt at dusk."
+Q1, Q2, Q3, Q4 = (
+    "Cats sleep all day.",
+    "Dogs bark at night.",
+    "Birds sing at dawn.",
+    "Owls hunt at dusk.",
+)
 
 
 def _corpus():
     first, second = _ranked(
-        "http://one.org/", "http://two.org/",
+        "http://one.org/",
+        "http://two.org/",
         f"{P1} {P2} {P3}\n{F1} {F2} {F3}",
         f"{Q1} {Q2} {Q3}\n{F1} {F2} {F3}\n{Q4}\n{Q1} {Q2} {Q3}",
     )
@@ -154,10 +162,14 @@ def test_beam_transform_equals_the_in_memory_reference():
     rng = random.Random(0)
     pool = [A, B, C, D, X, F1, F2, F3, P1, P2, P3, Q1, Q2, Q3, Q4]
     pages = [
-        Page(f"http://site{i % 23}.org/{i}", f"2019-0{i % 9 + 1}", "\n".join(
-            " ".join(rng.choices(pool[:8], k=rng.randint(1, 4)) + rng.sample(pool[8:], 2))
-            for _ in range(rng.randint(1, 4))
-        ))
+        Page(
+            f"http://site{i % 23}.org/{i}",
+            f"2019-0{i % 9 + 1}",
+            "\n".join(
+                " ".join(rng.choices(pool[:8], k=rng.randint(1, 4)) + rng.sample(pool[8:], 2))
+                for _ in range(rng.randint(1, 4))
+            ),
+        )
         for i in range(40)
     ]
     pages += pages[:3]  # exact duplicates

@@ -16,7 +16,9 @@ def _read_shards(pattern):
     pages = []
     for record in tf.data.TFRecordDataset(files):
         parsed = tf.io.parse_single_example(record, spec)
-        pages.append(Page(*(parsed[k].numpy().decode("utf-8") for k in ("url", "timestamp", "text"))))
+        pages.append(
+            Page(*(parsed[k].numpy().decode("utf-8") for k in ("url", "timestamp", "text")))
+        )
     return files, sorted(pages)
 
 
@@ -25,7 +27,8 @@ def test_surviving_text(c4_run, wet_corpus):
     _, out = c4_run
     files, pages = _read_shards(f"{out}/c4-train.tfrecord-*")
     assert [f.rsplit("/", 1)[1] for f in files] == [
-        "c4-train.tfrecord-00000-of-00002", "c4-train.tfrecord-00001-of-00002"
+        "c4-train.tfrecord-00000-of-00002",
+        "c4-train.tfrecord-00001-of-00002",
     ]
     farm_body, bakery_body = "\n".join(fx.FARM_BODY), " ".join(fx.BAKERY_BODY)
     footer = "\n".join(fx.FOOTER)
@@ -76,7 +79,12 @@ def test_stats_file(c4_run, wet_corpus):
             "page_changed": 1 if farm_keeps_footer else 2,
             "page_kept": 4,
         },
-        "langid": {"detected:en": 3, "detected:fr": 1, "page_dropped:not_english": 1, "page_kept": 3},
+        "langid": {
+            "detected:en": 3,
+            "detected:fr": 1,
+            "page_dropped:not_english": 1,
+            "page_kept": 3,
+        },
         "badwords": {"page_dropped:bad_words": 1, "page_kept": 2},
         "write": {"page_written:train": 2},
     }
@@ -87,14 +95,22 @@ def test_rerun_into_a_used_directory_is_refused(c4_run):
     with pytest.raises(ValueError, match="already holds shards"):
         run(C4Config(wet_paths=(f"{root}/*.gz",), output_dir=str(out), badwords=("x",)))
     with pytest.raises(ValueError, match="No WET file matches"):
-        run(C4Config(wet_paths=(f"{root}/nothing-*.gz",), output_dir=str(root / "new"), badwords=("x",)))
+        run(
+            C4Config(
+                wet_paths=(f"{root}/nothing-*.gz",), output_dir=str(root / "new"), badwords=("x",)
+            )
+        )
 
 
 def test_unfiltered_variant_only_identifies_language(tmp_path, wet_corpus):
     fx = wet_corpus
     wet_paths = fx.write_fixture(tmp_path)
-    config = C4Config(wet_paths=tuple(wet_paths), output_dir=str(tmp_path / "out"), variant="unfiltered",
-                      validation_fraction=0.3)
+    config = C4Config(
+        wet_paths=tuple(wet_paths),
+        output_dir=str(tmp_path / "out"),
+        variant="unfiltered",
+        validation_fraction=0.3,
+    )
     stats = run(config)
     _, train = _read_shards(f"{tmp_path}/out/c4-train.tfrecord-*")
     _, validation = _read_shards(f"{tmp_path}/out/c4-validation.tfrecord-*")
@@ -109,8 +125,13 @@ def test_unfiltered_variant_only_identifies_language(tmp_path, wet_corpus):
 def test_realnewslike_variant_keeps_listed_domains(tmp_path, wet_corpus):
     fx = wet_corpus
     wet_paths = fx.write_fixture(tmp_path)
-    config = C4Config(wet_paths=tuple(wet_paths), output_dir=str(tmp_path / "out"), variant="realnewslike",
-                      badwords=tuple(fx.BADWORDS), domains=("example.com",))
+    config = C4Config(
+        wet_paths=tuple(wet_paths),
+        output_dir=str(tmp_path / "out"),
+        variant="realnewslike",
+        badwords=tuple(fx.BADWORDS),
+        domains=("example.com",),
+    )
     stats = run(config)
     _, pages = _read_shards(f"{tmp_path}/out/c4-train.tfrecord-*")
     # Of the listed domain only the bakery is clean English; alone, it keeps its footer.
@@ -138,7 +159,9 @@ def test_newest_capture_combiner_is_order_free():
     winner = max(new, twin, key=dedup.page_key)
     for order in ([old, new, twin], [twin, old, new], [new, twin, old]):
         accumulators = [combiner.add_input(combiner.create_accumulator(), p) for p in order]
-        merged = combiner.merge_accumulators([accumulators[0], combiner.merge_accumulators(accumulators[1:])])
+        merged = combiner.merge_accumulators(
+            [accumulators[0], combiner.merge_accumulators(accumulators[1:])]
+        )
         assert combiner.extract_output(merged) == (winner, 3)
 
 
@@ -149,14 +172,24 @@ def test_a_run_that_reads_nothing_usable_exits_non_zero_with_its_counters(tmp_pa
     (tmp_path / "junk.warc.wet").write_text("this is not a WARC record\n" * 3)
     (tmp_path / "badwords.txt").write_text("x\n")
     argv = [f"--badwords_file={tmp_path / 'badwords.txt'}", "--runner=DirectRunner"]
-    assert c4_cli.main([f"--wet_paths={tmp_path}/empty.warc.wet",
-                        f"--output_dir={tmp_path / 'a'}", *argv]) == 1
+    assert (
+        c4_cli.main(
+            [f"--wet_paths={tmp_path}/empty.warc.wet", f"--output_dir={tmp_path / 'a'}", *argv]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "error: no page was read from 1 WET file(s)" in err and "check --wet_paths" in err
-    assert c4_cli.main([f"--wet_paths={tmp_path}/junk.warc.wet",
-                        f"--output_dir={tmp_path / 'b'}", *argv]) == 1
+    assert (
+        c4_cli.main(
+            [f"--wet_paths={tmp_path}/junk.warc.wet", f"--output_dir={tmp_path / 'b'}", *argv]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "error: no page was read from 1 WET file(s)" in err
-    assert c4_cli.empty_run({"read": {"page_read": 5}, "write": {}}) == \
-        "5 pages were read, but every one was filtered out"
+    assert (
+        c4_cli.empty_run({"read": {"page_read": 5}, "write": {}})
+        == "5 pages were read, but every one was filtered out"
+    )
     assert c4_cli.empty_run({"read": {"page_read": 5}, "write": {"page_written:train": 1}}) == ""

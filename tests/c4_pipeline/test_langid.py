@@ -67,8 +67,14 @@ print(json.dumps([langid.language_probabilities(t) for t in {_TEXTS[:2] + _TEXTS
 """
     env = dict(os.environ, PYTHONHASHSEED="123")
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     ).stdout
-    expected = [[list(g) for g in langid.language_probabilities(t)] for t in _TEXTS[:2] + _TEXTS[3:]]
+    expected = [
+        [list(g) for g in langid.language_probabilities(t)] for t in _TEXTS[:2] + _TEXTS[3:]
+    ]
     assert json.loads(out.strip().splitlines()[-1]) == expected

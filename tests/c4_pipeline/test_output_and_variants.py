@@ -19,7 +19,9 @@ def test_encode_example_docstring_example():
 
 @hypothesis.settings(max_examples=50, deadline=None)
 @hypothesis.given(
-    st.dictionaries(st.sampled_from(["text", "url", "timestamp", "k"]), st.text(max_size=300), min_size=1)
+    st.dictionaries(
+        st.sampled_from(["text", "url", "timestamp", "k"]), st.text(max_size=300), min_size=1
+    )
 )
 def test_encode_example_matches_tensorflow(features):
     proto = tf.train.Example()
@@ -60,7 +62,9 @@ def test_read_list(tmp_path):
 
 def test_filter_by_url_list(tmp_path):
     urls = tmp_path / "urls.txt"
-    urls.write_text("https://www.a.org/story/\nhttp://b.org/x?utm_source=feed\nhttp://missing.org/\n# c\n")
+    urls.write_text(
+        "https://www.a.org/story/\nhttp://b.org/x?utm_source=feed\nhttp://missing.org/\n# c\n"
+    )
     pages = [
         Page("http://a.org/story", "t", "a"),
         Page("https://b.org/x", "t", "b"),
@@ -72,4 +76,8 @@ def test_filter_by_url_list(tmp_path):
     counters = {
         c.key.metric.name: c.committed for c in pipeline.result.metrics().query()["counters"]
     }
-    assert counters == {"page_kept": 2, "page_dropped:url_not_listed": 1, "listed_url_without_page": 1}
+    assert counters == {
+        "page_kept": 2,
+        "page_dropped:url_not_listed": 1,
+        "listed_url_without_page": 1,
+    }

@@ -16,7 +16,7 @@ def _run(fn, text, **kwargs):
 def test_split_sentences_docstring_example():
     assert sentences.split_sentences(
         'He met Mr. Smith at 3.30 p.m. today. "Why?" she asked. Fine!'
-    ) == ['He met Mr. Smith at 3.30 p.m. today.', '"Why?" she asked.', "Fine!"]
+    ) == ["He met Mr. Smith at 3.30 p.m. today.", '"Why?" she asked.', "Fine!"]
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,10 @@ def test_strip_citations():
         "A list [a] stays, as does [1a].",
         {},
     )
-    assert _run(rules.strip_citations, "History[edit] and []") == ("History and ", {"citation_removed": 2})
+    assert _run(rules.strip_citations, "History[edit] and []") == (
+        "History and ",
+        {"citation_removed": 2},
+    )
 
 
 @pytest.mark.parametrize(
@@ -70,7 +73,10 @@ def test_ends_in_terminal_punctuation(line, kept):
 
 
 def test_has_enough_words():
-    assert _run(rules.has_enough_words, "Call us today now.") == (False, {"line_dropped:too_few_words": 1})
+    assert _run(rules.has_enough_words, "Call us today now.") == (
+        False,
+        {"line_dropped:too_few_words": 1},
+    )
     assert _run(rules.has_enough_words, "Call us today right now.") == (True, {})
     assert _run(rules.has_enough_words, "Two words.", min_words=2) == (True, {})
 
@@ -85,7 +91,14 @@ def test_is_free_of_javascript():
 
 @pytest.mark.parametrize(
     "phrase",
-    ["terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies"],
+    [
+        "terms of use",
+        "privacy policy",
+        "cookie policy",
+        "uses cookies",
+        "use of cookies",
+        "use cookies",
+    ],
 )
 def test_is_free_of_policy_notice_drops_every_phrase(phrase):
     line = f"By browsing you accept our {phrase.upper()} today."
@@ -93,7 +106,10 @@ def test_is_free_of_policy_notice_drops_every_phrase(phrase):
 
 
 def test_is_free_of_policy_notice_keeps_other_lines():
-    assert _run(rules.is_free_of_policy_notice, "She baked cookies for the whole class.") == (True, {})
+    assert _run(rules.is_free_of_policy_notice, "She baked cookies for the whole class.") == (
+        True,
+        {},
+    )
 
 
 def test_page_rules():
@@ -111,7 +127,9 @@ def test_page_rules():
 def test_has_enough_sentences_docstring_example():
     text = "One two three four five.\nSix seven eight nine ten!"
     assert _run(rules.has_enough_sentences, text) == (False, {"page_dropped:too_few_sentences": 1})
-    assert _run(rules.has_enough_sentences, text + "\nEleven twelve thirteen fourteen fifteen?") == (True, {})
+    assert _run(
+        rules.has_enough_sentences, text + "\nEleven twelve thirteen fourteen fifteen?"
+    ) == (True, {})
 
 
 def test_clean_line_counts_only_the_first_failing_rule():
@@ -120,8 +138,13 @@ def test_clean_line_counts_only_the_first_failing_rule():
         None,
         {"line_dropped:too_few_words": 1},
     )
-    assert _run(lambda line, c: rules.clean_line(line, c), "   ") == (None, {"line_dropped:blank": 1})
-    assert _run(lambda line, c: rules.clean_line(line, c), "  Our shop opens at seven every day![2]  ") == (
+    assert _run(lambda line, c: rules.clean_line(line, c), "   ") == (
+        None,
+        {"line_dropped:blank": 1},
+    )
+    assert _run(
+        lambda line, c: rules.clean_line(line, c), "  Our shop opens at seven every day![2]  "
+    ) == (
         "Our shop opens at seven every day!",
         {"citation_removed": 1, "line_kept": 1},
     )
@@ -166,5 +189,9 @@ def test_clean_text_page_rules_see_only_kept_lines():
 def test_clean_text_too_few_sentences():
     assert _run(rules.clean_text, "Menu\nWe sell fresh bread every day.\nLogin") == (
         None,
-        {"line_dropped:no_terminal_punctuation": 2, "line_kept": 1, "page_dropped:too_few_sentences": 1},
+        {
+            "line_dropped:no_terminal_punctuation": 2,
+            "line_kept": 1,
+            "page_dropped:too_few_sentences": 1,
+        },
     )

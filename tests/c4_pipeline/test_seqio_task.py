@@ -14,17 +14,26 @@ import tensorflow as tf
 from t2t.data.tasks import c4_pipeline as c4_tasks
 
 LENGTHS = {"inputs": 64, "targets": 16}
-PACKED_FEATURES = sorted([
-    "encoder_input_tokens", "encoder_segment_ids", "encoder_positions", "decoder_target_tokens",
-    "decoder_input_tokens", "decoder_loss_weights", "decoder_segment_ids", "decoder_positions",
-])
+PACKED_FEATURES = sorted(
+    [
+        "encoder_input_tokens",
+        "encoder_segment_ids",
+        "encoder_positions",
+        "decoder_target_tokens",
+        "decoder_input_tokens",
+        "decoder_loss_weights",
+        "decoder_segment_ids",
+        "decoder_positions",
+    ]
+)
 
 
 def _surviving_texts(out):
     spec = {"text": tf.io.FixedLenFeature([], tf.string)}
     files = tf.io.gfile.glob(f"{out}/c4-train.tfrecord-*")
     return [
-        tf.io.parse_single_example(r, spec)["text"].numpy().decode() for r in tf.data.TFRecordDataset(files)
+        tf.io.parse_single_example(r, spec)["text"].numpy().decode()
+        for r in tf.data.TFRecordDataset(files)
     ]
 
 
@@ -36,8 +45,16 @@ def vocabulary(wet_corpus, tmp_path_factory):
     corpus.write_text("\n".join(p.text for p in (fx.FARM, fx.BAKERY, fx.RUDE, fx.CODE)))
     prefix = str(corpus.parent / "tiny")
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=prefix, vocab_size=120, model_type="unigram",
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, num_threads=1,
+        input=str(corpus),
+        model_prefix=prefix,
+        vocab_size=120,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        hard_vocab_limit=False,
+        num_threads=1,
         minloglevel=2,
     )
     return seqio.SentencePieceVocabulary(prefix + ".model", extra_ids=100)
@@ -66,15 +83,24 @@ def test_task_plumbing_with_a_stand_in_objective(c4_run, vocabulary):
     )
     try:
         lengths = {"inputs": 32, "targets": 16}
-        examples = list(registered.get_dataset(lengths, split="train", shuffle=False).as_numpy_iterator())
+        examples = list(
+            registered.get_dataset(lengths, split="train", shuffle=False).as_numpy_iterator()
+        )
         documents = sorted(vocabulary.encode(t)[:18] for t in _surviving_texts(out))
-        assert sorted(list(ex["inputs"][:-1]) + list(ex["targets"][:-1]) for ex in examples) == documents
+        assert (
+            sorted(list(ex["inputs"][:-1]) + list(ex["targets"][:-1]) for ex in examples)
+            == documents
+        )
         assert all(ex["inputs"][-1] == 1 and ex["targets"][-1] == 1 for ex in examples)
         dataset = registered.get_dataset(lengths, split="train", shuffle=False)
-        batch = next(seqio.EncDecFeatureConverter(pack=True)(dataset, lengths).batch(1).as_numpy_iterator())
+        batch = next(
+            seqio.EncDecFeatureConverter(pack=True)(dataset, lengths).batch(1).as_numpy_iterator()
+        )
         assert sorted(batch) == PACKED_FEATURES
         # Both documents' examples (13 + 13 input tokens, 7 + 7 target tokens) share one row.
-        np.testing.assert_array_equal(batch["encoder_segment_ids"][0], [1] * 13 + [2] * 13 + [0] * 6)
+        np.testing.assert_array_equal(
+            batch["encoder_segment_ids"][0], [1] * 13 + [2] * 13 + [0] * 6
+        )
         np.testing.assert_array_equal(batch["decoder_segment_ids"][0], [1] * 7 + [2] * 7 + [0] * 2)
     finally:
         seqio.TaskRegistry.remove(name)
@@ -85,7 +111,9 @@ def test_missing_shards_and_duplicate_names_are_refused(c4_run, vocabulary, tmp_
         c4_tasks.register_c4_pipeline_task("c4_pipeline_test_empty", str(tmp_path), vocabulary)
     _, out = c4_run
     name = "c4_pipeline_test_twice"
-    c4_tasks.register_c4_pipeline_task(name, str(out), vocabulary, objective=_first_tokens_as_inputs)
+    c4_tasks.register_c4_pipeline_task(
+        name, str(out), vocabulary, objective=_first_tokens_as_inputs
+    )
     try:
         with pytest.raises(ValueError, match="already registered"):
             c4_tasks.register_c4_pipeline_task(name, str(out), vocabulary)
@@ -129,7 +157,10 @@ def _check_packed_rows(batch):
     """Packing invariants: positions restart and decoder inputs shift within each segment."""
     for row in range(batch["encoder_input_tokens"].shape[0]):
         for prefix in ("encoder", "decoder"):
-            segments, positions = batch[f"{prefix}_segment_ids"][row], batch[f"{prefix}_positions"][row]
+            segments, positions = (
+                batch[f"{prefix}_segment_ids"][row],
+                batch[f"{prefix}_positions"][row],
+            )
             for segment in set(segments[segments > 0]):
                 in_segment = segments == segment
                 np.testing.assert_array_equal(positions[in_segment], np.arange(in_segment.sum()))
@@ -137,7 +168,9 @@ def _check_packed_rows(batch):
         segments = batch["decoder_segment_ids"][row]
         for segment in set(segments[segments > 0]):
             in_segment = segments == segment
-            np.testing.assert_array_equal(inputs[in_segment], np.concatenate([[0], targets[in_segment][:-1]]))
+            np.testing.assert_array_equal(
+                inputs[in_segment], np.concatenate([[0], targets[in_segment][:-1]])
+            )
     np.testing.assert_array_equal(
         batch["decoder_loss_weights"], (batch["decoder_target_tokens"] > 0).astype(np.int32)
     )

@@ -43,7 +43,13 @@ def _record(headers: str, body: bytes = b"Body text.") -> bytes:
 def test_golden_file():
     assert len(b"First line.  \r\nWARC/1.0\r\nLast line \xc3\xa9.\r\n") == 40
     assert _read(_GOLDEN) == (
-        [Page("https://example.com/a", "2019-04-18T10:00:00Z", "First line.\nWARC/1.0\nLast line \u00e9.")],
+        [
+            Page(
+                "https://example.com/a",
+                "2019-04-18T10:00:00Z",
+                "First line.\nWARC/1.0\nLast line \u00e9.",
+            )
+        ],
         {"record:warcinfo": 1, "page_read": 1},
     )
 
@@ -55,14 +61,19 @@ def test_each_malformation_is_counted_and_skipped():
     good = wet.encode_wet_record(Page("http://good.org/", "2019-01-01T00:00:00Z", "Good text."))
     cases = {
         b"stray bytes\nmore stray\n": "malformed:unexpected_data",
-        _record("WARC-Type: conversion\r\nno colon here\r\nContent-Length: 10\r\n"): "malformed:bad_header",
+        _record(
+            "WARC-Type: conversion\r\nno colon here\r\nContent-Length: 10\r\n"
+        ): "malformed:bad_header",
         _record("WARC-Type: conversion\r\nContent-Length: ten\r\n"): "malformed:bad_content_length",
-        _record(f"WARC-Type: conversion\r\nContent-Length: {wet.MAX_RECORD_BYTES + 1}\r\n"):
-            "malformed:bad_content_length",
-        _record("WARC-Type: conversion\r\nWARC-Date: 2019\r\nContent-Length: 10\r\n"):
-            "malformed:missing_uri",
-        _record("WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nContent-Length: 10\r\n"):
-            "malformed:missing_date",
+        _record(
+            f"WARC-Type: conversion\r\nContent-Length: {wet.MAX_RECORD_BYTES + 1}\r\n"
+        ): "malformed:bad_content_length",
+        _record(
+            "WARC-Type: conversion\r\nWARC-Date: 2019\r\nContent-Length: 10\r\n"
+        ): "malformed:missing_uri",
+        _record(
+            "WARC-Type: conversion\r\nWARC-Target-URI: http://x.org\r\nContent-Length: 10\r\n"
+        ): "malformed:missing_date",
         _record(
             _PAGE_HEADERS + "Content-Length: 4\r\n",
             b"\xff\xfe\xfd!",

@@ -38,8 +38,13 @@ def _assert_close(actual, expected):
     flat_expected = dict(jax.tree_util.tree_leaves_with_path(expected))
     assert len(flat_actual) == len(flat_expected) > 0
     for path, value in flat_actual:
-        np.testing.assert_allclose(np.asarray(value), flat_expected[path], rtol=1e-6, atol=1e-7,
-                                   err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_allclose(
+            np.asarray(value),
+            flat_expected[path],
+            rtol=1e-6,
+            atol=1e-7,
+            err_msg=jax.tree_util.keystr(path),
+        )
 
 
 def test_average_of_last_n_equals_numpy_mean(run_dir):
@@ -72,12 +77,15 @@ def test_averaged_checkpoint_round_trips_with_metadata(run_dir, tmp_path):
         averaging.write_averaged(output, averaged)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(), "either steps"),
-    (dict(steps=[100], last=2), "not both"),
-    (dict(steps=[100, 150]), r"\[150\] not saved"),
-    (dict(last=5), "between 1 and the 4"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(), "either steps"),
+        (dict(steps=[100], last=2), "not both"),
+        (dict(steps=[100, 150]), r"\[150\] not saved"),
+        (dict(last=5), "between 1 and the 4"),
+    ],
+)
 def test_bad_selection_is_explained(kwargs, match):
     with pytest.raises(ValueError, match=match):
         averaging.select_steps(list(STEPS), **kwargs)

@@ -25,9 +25,18 @@ TOLERANCE = 1e-4
 def hf_model(feed_forward_proj, tied, **overrides):
     """A random HF T5 with heads * d_kv != d_model and a decoder shallower than the encoder."""
     torch.manual_seed(0)
-    fields = dict(vocab_size=VOCAB, d_model=32, d_kv=12, num_heads=4, d_ff=48, num_layers=3,
-                  num_decoder_layers=2, feed_forward_proj=feed_forward_proj,
-                  tie_word_embeddings=tied, decoder_start_token_id=0)
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=12,
+        num_heads=4,
+        d_ff=48,
+        num_layers=3,
+        num_decoder_layers=2,
+        feed_forward_proj=feed_forward_proj,
+        tie_word_embeddings=tied,
+        decoder_start_token_id=0,
+    )
     fields.update(overrides)
     model = T5ForConditionalGeneration(T5Config(**fields)).eval()
     if not tied:
@@ -52,9 +61,11 @@ def random_state(config):
 
 def hf_logits(model, inputs, decoder_inputs):
     with torch.no_grad():
-        return model(input_ids=torch.tensor(inputs),
-                     attention_mask=torch.tensor((inputs > 0).astype(np.int64)),
-                     decoder_input_ids=torch.tensor(decoder_inputs)).logits.numpy()
+        return model(
+            input_ids=torch.tensor(inputs),
+            attention_mask=torch.tensor((inputs > 0).astype(np.int64)),
+            decoder_input_ids=torch.tensor(decoder_inputs),
+        ).logits.numpy()
 
 
 def t2t_logits(model, inputs, decoder_inputs):
@@ -76,8 +87,11 @@ def batch():
     return inputs, decoder_inputs
 
 
-@pytest.fixture(scope="module", params=[("relu", True), ("gated-gelu", False)],
-                ids=["v1_0_relu_tied", "v1_1_gated_gelu_untied"])
+@pytest.fixture(
+    scope="module",
+    params=[("relu", True), ("gated-gelu", False)],
+    ids=["v1_0_relu_tied", "v1_1_gated_gelu_untied"],
+)
 def saved_hf(request, tmp_path_factory):
     model = hf_model(*request.param)
     directory = str(tmp_path_factory.mktemp("hf"))
@@ -98,16 +112,27 @@ def test_untied_config_saved_without_lm_head(batch, tmp_path):
     # transformers 5 keeps lm_head on the embedding's storage and saves no lm_head.weight, yet
     # does not rescale the decoder output: a logits_dense equal to the embedding's transpose.
     torch.manual_seed(1)
-    model = T5ForConditionalGeneration(T5Config(
-        vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, d_ff=48, num_layers=2,
-        feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)).eval()
+    model = T5ForConditionalGeneration(
+        T5Config(
+            vocab_size=VOCAB,
+            d_model=32,
+            d_kv=8,
+            num_heads=4,
+            d_ff=48,
+            num_layers=2,
+            feed_forward_proj="gated-gelu",
+            tie_word_embeddings=False,
+            decoder_start_token_id=0,
+        )
+    ).eval()
     model.save_pretrained(tmp_path)
     assert "lm_head.weight" not in load_file(os.path.join(tmp_path, "model.safetensors"))
     ours = hf.load_hf_model(tmp_path)
     assert not ours.config.logits_via_embedding
     inputs, decoder_inputs = batch[0][:, :40], batch[1][:, :20]
-    error = np.abs(t2t_logits(ours, inputs, decoder_inputs)
-                   - hf_logits(model, inputs, decoder_inputs)).max()
+    error = np.abs(
+        t2t_logits(ours, inputs, decoder_inputs) - hf_logits(model, inputs, decoder_inputs)
+    ).max()
     assert error <= TOLERANCE
 
 
@@ -123,9 +148,16 @@ def test_imported_config(saved_hf):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied_relu", "untied_gated_gelu"])
 def test_export_loads_in_hf_with_the_same_logits(tied, batch, tmp_path):
-    config = tn.get_preset("tiny", vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48,
-                           num_decoder_layers=3, logits_via_embedding=tied,
-                           mlp_activations=("relu",) if tied else ("gelu", "linear"))
+    config = tn.get_preset(
+        "tiny",
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=12,
+        d_ff=48,
+        num_decoder_layers=3,
+        logits_via_embedding=tied,
+        mlp_activations=("relu",) if tied else ("gelu", "linear"),
+    )
     state = random_state(config)
     ours = nnx.merge(nnx.split(nnx.eval_shape(lambda: tn.build(config, nnx.Rngs(0))))[0], state)
     hf.export_hf(tmp_path, config, state)
@@ -135,24 +167,39 @@ def test_export_loads_in_hf_with_the_same_logits(tied, batch, tmp_path):
     # And back: the re-imported parameters are bit-identical.
     config_again, state_again = hf.import_hf(tmp_path, dropout_rate=config.dropout_rate)
     assert config_again == config
-    jax.tree.map(np.testing.assert_array_equal, state_again.to_pure_dict(),
-                 jax.tree.map(np.asarray, state.to_pure_dict()))
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        state_again.to_pure_dict(),
+        jax.tree.map(np.asarray, state.to_pure_dict()),
+    )
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_lora_is_merged_on_export_and_hf_gives_the_lora_logits(scan, batch, tmp_path):
     """Every LoRA target, trained-looking (B != 0): the merged release computes the same."""
-    config = tn.get_preset("tiny", vocab_size=VOCAB, d_model=32, d_kv=12, d_ff=48,
-                           num_decoder_layers=3, logits_via_embedding=False, lora_rank=4,
-                           lora_alpha=8.0, scan_layers=scan,
-                           lora_targets=("query", "key", "value", "out", "wi_0", "wi_1", "wo",
-                                         "logits_dense"))
+    config = tn.get_preset(
+        "tiny",
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=12,
+        d_ff=48,
+        num_decoder_layers=3,
+        logits_via_embedding=False,
+        lora_rank=4,
+        lora_alpha=8.0,
+        scan_layers=scan,
+        lora_targets=("query", "key", "value", "out", "wi_0", "wi_1", "wo", "logits_dense"),
+    )
     state = random_state(config.replace(scan_layers=False))
     # LoRA updates of a trained model's size: B small and non-zero ((x W + s (x A) B) and
     # x (W + s A B) round differently in float32, and T5's unscaled attention logits amplify it).
-    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
-        lambda path, x: 0.05 * x if "lora_b" in jax.tree_util.keystr(path) else x,
-        state.to_pure_dict()))
+    nnx.replace_by_pure_dict(
+        state,
+        jax.tree_util.tree_map_with_path(
+            lambda path, x: 0.05 * x if "lora_b" in jax.tree_util.keystr(path) else x,
+            state.to_pure_dict(),
+        ),
+    )
     state = tn.to_layout(state, config)  # the same weights, stacked when scanned
     ours = nnx.merge(nnx.split(nnx.eval_shape(lambda: tn.build(config, nnx.Rngs(0))))[0], state)
     hf.export_hf(tmp_path, config, state)
@@ -161,8 +208,11 @@ def test_lora_is_merged_on_export_and_hf_gives_the_lora_logits(scan, batch, tmp_
     error = np.abs(hf_logits(theirs, *batch) - t2t_logits(ours, *batch)).max()
     assert error <= TOLERANCE
     with pytest.raises(ValueError, match="adapter layers or soft prompts.*adapter_size"):
-        hf.export_hf(tmp_path / "adapters", config.replace(adapter_size=4, lora_rank=0),
-                     random_state(config.replace(adapter_size=4, lora_rank=0)))
+        hf.export_hf(
+            tmp_path / "adapters",
+            config.replace(adapter_size=4, lora_rank=0),
+            random_state(config.replace(adapter_size=4, lora_rank=0)),
+        )
 
 
 def test_scanned_model_exports_and_imports_with_hf_parity(saved_hf, batch, tmp_path):
@@ -208,8 +258,11 @@ def test_missing_and_unknown_keys_are_listed(saved_hf, tmp_path):
     del tensors["decoder.block.1.layer.2.layer_norm.weight"]
     tensors["encoder.block.7.layer.0.SelfAttention.q.weight"] = np.zeros((48, 32), np.float32)
     _write(tmp_path, tensors, config)
-    with pytest.raises(ValueError, match=r"missing \['decoder.block.1.layer.2.layer_norm.weight'\]"
-                                         r".*unknown \['encoder.block.7"):
+    with pytest.raises(
+        ValueError,
+        match=r"missing \['decoder.block.1.layer.2.layer_norm.weight'\]"
+        r".*unknown \['encoder.block.7",
+    ):
         hf.import_hf(tmp_path)
 
 
@@ -217,15 +270,21 @@ def test_shape_mismatch_names_the_tensor(saved_hf, tmp_path):
     tensors, config = _tensors_and_config(saved_hf[1])
     config["d_ff"] = 40
     _write(tmp_path, tensors, config)
-    with pytest.raises(ValueError, match=r"DenseReluDense.*: expected shape \(40, 32\) .*got "
-                                         r"\(48, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"DenseReluDense.*: expected shape \(40, 32\) .*got "
+        r"\(48, 32\)",
+    ):
         hf.import_hf(tmp_path)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("feed_forward_proj", "gelu", "feed_forward_proj='gelu' is not supported"),
-    ("model_type", "bart", "model_type='bart' is not supported"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("feed_forward_proj", "gelu", "feed_forward_proj='gelu' is not supported"),
+        ("model_type", "bart", "model_type='bart' is not supported"),
+    ],
+)
 def test_unsupported_config_says_which_field(saved_hf, tmp_path, field, value, message):
     tensors, config = _tensors_and_config(saved_hf[1])
     config[field] = value

@@ -64,8 +64,9 @@ def _assert_same(a, b):
 def test_fingerprints_ignore_the_layout_and_catch_every_single_bit_flip():
     values = np.random.RandomState(0).randn(16, 8).astype(np.float32)
     mesh = jax.make_mesh((4, 2), ("a", "b"))
-    sharded = jax.device_put(values, jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec("a", "b")))
+    sharded = jax.device_put(
+        values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("a", "b"))
+    )
     expected = integrity.fingerprints({"w": values})
     assert integrity.fingerprints({"w": sharded}) == expected  # any mesh, the same checksum
     for position in [(0, 0), (7, 3), (15, 7)]:
@@ -81,8 +82,16 @@ def test_fingerprints_ignore_the_layout_and_catch_every_single_bit_flip():
     flipped.view(np.uint16)[3, 3] ^= np.uint16(1)
     assert integrity.fingerprints({"w": half}) != integrity.fingerprints({"w": flipped})
     # Names are the same for dicts, named tuples and lists (how Orbax hands trees back).
-    assert integrity.leaf_name((jax.tree_util.DictKey("v"), jax.tree_util.SequenceKey(0),
-                                jax.tree_util.GetAttrKey("count"))) == "v/0/count"
+    assert (
+        integrity.leaf_name(
+            (
+                jax.tree_util.DictKey("v"),
+                jax.tree_util.SequenceKey(0),
+                jax.tree_util.GetAttrKey("count"),
+            )
+        )
+        == "v/0/count"
+    )
 
 
 # -- damaged checkpoints -----------------------------------------------------------------------
@@ -98,16 +107,25 @@ def saved(tmp_path_factory):
     for step in (1, 2):
         params = nnx.state(nn.build(CONFIG, nnx.Rngs(params=step)), nnx.Param)
         _, opt_state = tx.update(params, tx.init(params), params)  # non-zero statistics
-        manager.save(step, params=params, opt_state=opt_state,
-                     data_iterator=CountingIterator(10 * step), metadata={"config": CONFIG})
+        manager.save(
+            step,
+            params=params,
+            opt_state=opt_state,
+            data_iterator=CountingIterator(10 * step),
+            metadata={"config": CONFIG},
+        )
         states[step] = (params, opt_state)
     manager.close()
     return root, states, jax.eval_shape(tx.init, states[1][0])
 
 
 def _largest_array_file(step_dir, item="params"):
-    files = [os.path.join(root, name) for root, _, names in os.walk(step_dir / item)
-             for name in names if os.sep + "d" + os.sep in os.path.join(root, name)]
+    files = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(step_dir / item)
+        for name in names
+        if os.sep + "d" + os.sep in os.path.join(root, name)
+    ]
     return max(files, key=os.path.getsize)
 
 
@@ -122,7 +140,7 @@ def _random_bytes(step_dir):
     path = _largest_array_file(step_dir)
     data = bytearray(open(path, "rb").read())
     start = min(1000, len(data) // 4)
-    data[start:start + 4096] = np.random.RandomState(1).bytes(len(data[start:start + 4096]))
+    data[start : start + 4096] = np.random.RandomState(1).bytes(len(data[start : start + 4096]))
     open(path, "wb").write(data)
 
 
@@ -132,7 +150,9 @@ def _truncate(step_dir):
     for root, _, names in os.walk(step_dir / "opt_state"):
         if os.path.basename(root) == "d":
             for name in names:
-                os.truncate(os.path.join(root, name), os.path.getsize(os.path.join(root, name)) // 2)
+                os.truncate(
+                    os.path.join(root, name), os.path.getsize(os.path.join(root, name)) // 2
+                )
 
 
 def _delete_metadata(step_dir):
@@ -143,9 +163,13 @@ def _edit_iterator(step_dir):
     (step_dir / "data_iterator" / "process_0" / "position.json").write_text("999")
 
 
-DAMAGE = {"bit_flip": (_flip_bit, "params"), "random_bytes": (_random_bytes, "params"),
-          "truncated": (_truncate, "opt_state"), "metadata_deleted": (_delete_metadata, "metadata"),
-          "iterator_edited": (_edit_iterator, "data_iterator")}
+DAMAGE = {
+    "bit_flip": (_flip_bit, "params"),
+    "random_bytes": (_random_bytes, "params"),
+    "truncated": (_truncate, "opt_state"),
+    "metadata_deleted": (_delete_metadata, "metadata"),
+    "iterator_edited": (_edit_iterator, "data_iterator"),
+}
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -159,9 +183,13 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path, save
 
     def restore(step=None, **kwargs):
         iterator = CountingIterator()
-        restored = manager.restore(step, abstract_params=abstract_params,
-                                   abstract_opt_state=abstract_opt, data_iterator=iterator,
-                                   **kwargs)
+        restored = manager.restore(
+            step,
+            abstract_params=abstract_params,
+            abstract_opt_state=abstract_opt,
+            data_iterator=iterator,
+            **kwargs,
+        )
         return restored, iterator.position
 
     seen = []
@@ -256,9 +284,13 @@ HOLDER = textwrap.dedent("""
 
 
 def _hold(model_dir):
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(model_dir)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(model_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert process.stdout.readline().strip() == "held"
     return process
 

@@ -62,14 +62,21 @@ def test_round_trip_params_optimizer_metadata_and_iterator(tmp_path, params):
     for _ in range(7):
         next(iterator)
     manager = CheckpointManager(tmp_path)
-    manager.save(7, params=params, opt_state=opt_state, data_iterator=iterator,
-                 metadata={"config": CONFIG, "tokens_seen": 1234})
+    manager.save(
+        7,
+        params=params,
+        opt_state=opt_state,
+        data_iterator=iterator,
+        metadata={"config": CONFIG, "tokens_seen": 1234},
+    )
     manager.wait_until_finished()
 
     fresh = CountingIterator()
-    restored = manager.restore(abstract_params=_abstract(params),
-                               abstract_opt_state=jax.eval_shape(tx.init, params),
-                               data_iterator=fresh)
+    restored = manager.restore(
+        abstract_params=_abstract(params),
+        abstract_opt_state=jax.eval_shape(tx.init, params),
+        data_iterator=fresh,
+    )
     assert restored.step == 7
     assert isinstance(restored.params, nnx.State)
     assert _equal(restored.params, params)

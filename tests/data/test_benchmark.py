@@ -62,21 +62,30 @@ def test_files_have_the_documented_shapes_and_balanced_labels(corpus):
                 assert any(second in d for d in with_first) == (task == "next_in_document")
 
 
-@pytest.mark.parametrize("task, prefix", [("builtin_order", "order sentence: "),
-                                          ("builtin_next", "next sentence1: "),
-                                          ("builtin_next_in_document", "next_in_document sentence1: "),
-                                          ("builtin_similarity", "similarity sentence1: ")])
+@pytest.mark.parametrize(
+    "task, prefix",
+    [
+        ("builtin_order", "order sentence: "),
+        ("builtin_next", "next sentence1: "),
+        ("builtin_next_in_document", "next_in_document sentence1: "),
+        ("builtin_similarity", "similarity sentence1: "),
+    ],
+)
 def test_tasks_format_text_to_text_examples(corpus, task, prefix):
     provider = seqio.get_mixture_or_task(task)
-    example = next(provider.get_dataset({"inputs": 256, "targets": 8}, split="validation",
-                                        shuffle=False).as_numpy_iterator())
+    example = next(
+        provider.get_dataset(
+            {"inputs": 256, "targets": 8}, split="validation", shuffle=False
+        ).as_numpy_iterator()
+    )
     inputs = example["inputs_pretokenized"].decode()
     assert inputs.startswith(prefix)
     if task != "builtin_order":
         assert " sentence2: " in inputs
     vocabulary = provider.output_features["targets"].vocabulary
-    assert vocabulary.decode(example["targets"].tolist()) == example[
-        "targets_pretokenized"].decode()
+    assert (
+        vocabulary.decode(example["targets"].tolist()) == example["targets_pretokenized"].decode()
+    )
 
 
 def test_metrics_on_a_known_prediction_set(corpus):
@@ -92,20 +101,26 @@ def test_metrics_on_a_known_prediction_set(corpus):
     similarity = seqio.get_mixture_or_task("builtin_similarity")
     values = {}
     for fn in similarity.predict_metric_fns:
-        values.update(fn([1.0, 2.0, 3.0], [similarity.postprocess_fn(p)
-                                           for p in ["1.2", "2.0", "4.4"]]))
+        values.update(
+            fn([1.0, 2.0, 3.0], [similarity.postprocess_fn(p) for p in ["1.2", "2.0", "4.4"]])
+        )
     assert values["spearman_corrcoef"] == pytest.approx(100.0)
     assert values["pearson_corrcoef"] == pytest.approx(
-        100 * np.corrcoef([1, 2, 3], [1.2, 2.0, 4.4])[0, 1])
+        100 * np.corrcoef([1, 2, 3], [1.2, 2.0, 4.4])[0, 1]
+    )
 
 
 def test_constant_baselines(corpus):
     order = baselines.constant_baseline("builtin_order")
     labels = [r[-1] for r in rows(corpus, "order", "validation")]
-    majority = max(set(r[-1] for r in rows(corpus, "order", "train")),
-                   key=[r[-1] for r in rows(corpus, "order", "train")].count)
+    majority = max(
+        set(r[-1] for r in rows(corpus, "order", "train")),
+        key=[r[-1] for r in rows(corpus, "order", "train")].count,
+    )
     assert order["accuracy"] == pytest.approx(100 * labels.count(majority) / len(labels))
     assert order["matthews_corrcoef"] == 0.0
     assert baselines.constant_baseline("builtin_similarity") == {
-        "pearson_corrcoef": 0.0, "spearman_corrcoef": 0.0}
+        "pearson_corrcoef": 0.0,
+        "spearman_corrcoef": 0.0,
+    }
     assert baselines.task_score({"a": 10.0, "b": float("nan")}) == 5.0

@@ -17,7 +17,7 @@ def test_paragraphs_drop_code_and_markup():
     # Same numbers as the `paragraphs` docstring.
     text = "Return the sum.\n\n    >>> add(1, 2)\n    3\n\nSee :func:`sum` and ``math.fsum``."
     assert cleaning.paragraphs(text) == ["Return the sum.", "See sum and math.fsum."]
-    grammar = "Prose first.\n\n   assignment_stmt ::= (target_list \"=\")+ (expression)\n"
+    grammar = 'Prose first.\n\n   assignment_stmt ::= (target_list "=")+ (expression)\n'
     assert cleaning.paragraphs(grammar) == ["Prose first."]
     bullets = "Rules:\n\n   * The first rule\n     continues here.\n"
     assert cleaning.paragraphs(bullets) == ["Rules:", "The first rule continues here."]
@@ -61,7 +61,14 @@ def test_supervised_examples_follow_their_documents_split(builtin_corpus):
 
 def test_reading_sources_imports_nothing_with_side_effects(builtin_corpus):
     del builtin_corpus  # built in this process: the stdlib walk has run
-    for module in ("tkinter", "turtle", "antigravity", "idlelib", "smtpd", "asyncio.windows_events"):
+    for module in (
+        "tkinter",
+        "turtle",
+        "antigravity",
+        "idlelib",
+        "smtpd",
+        "asyncio.windows_events",
+    ):
         assert module not in sys.modules
 
 
@@ -89,8 +96,9 @@ def test_cache_dir_comes_from_the_environment(monkeypatch, tmp_path):
         cache.BuiltinCorpus("x").corpus_path("test")
 
 
-def test_registering_reads_nothing_and_first_use_builds(builtin_tasks, builtin_corpus, tmp_path,
-                                                         monkeypatch):
+def test_registering_reads_nothing_and_first_use_builds(
+    builtin_tasks, builtin_corpus, tmp_path, monkeypatch
+):
     """Importing `t2t.data.tasks.builtin` only registers: the corpus is built (here: the session's
     corpus stands in for the build) when a task is first counted or read, or its vocabulary used."""
     import seqio
@@ -109,8 +117,10 @@ def test_registering_reads_nothing_and_first_use_builds(builtin_tasks, builtin_c
         builtin.register(str(tmp_path))
         assert builds == [] and os.listdir(tmp_path) == []
         task = seqio.get_mixture_or_task("builtin_package")
-        assert task.num_input_examples("validation") == builtin_corpus.stats[
-            "package_validation"]["examples"]
+        assert (
+            task.num_input_examples("validation")
+            == builtin_corpus.stats["package_validation"]["examples"]
+        )
         assert builds == [str(tmp_path)]
         vocabulary = task.output_features["targets"].vocabulary
         assert vocabulary.sentencepiece_model_file == builtin_corpus.vocabulary_path

@@ -11,9 +11,24 @@ from t2t import cli
 def test_vocab_trains_from_files(tmp_path, builtin_corpus, capsys):
     output = tmp_path / "spm" / "my.model"
     german = tmp_path / "de.txt"
-    german.write_text("".join(f"Das ist der Satz Nummer {i} in deutscher Sprache.\n" for i in range(300)))
-    code = cli.main(["vocab", "--output", str(output), "--source", builtin_corpus.corpus_path("validation"),
-                     "--german", str(german), "--ratio", "10:1:1:1", "--num_pieces", "500"])
+    german.write_text(
+        "".join(f"Das ist der Satz Nummer {i} in deutscher Sprache.\n" for i in range(300))
+    )
+    code = cli.main(
+        [
+            "vocab",
+            "--output",
+            str(output),
+            "--source",
+            builtin_corpus.corpus_path("validation"),
+            "--german",
+            str(german),
+            "--ratio",
+            "10:1:1:1",
+            "--num_pieces",
+            "500",
+        ]
+    )
     assert code == 0
     assert "vocabulary size 600 with sentinels" in capsys.readouterr().out
     vocabulary = seqio.SentencePieceVocabulary(str(output), extra_ids=100)
@@ -21,7 +36,9 @@ def test_vocab_trains_from_files(tmp_path, builtin_corpus, capsys):
 
 
 def test_vocab_reports_bad_sources(tmp_path, capsys):
-    code = cli.main(["vocab", "--output", str(tmp_path / "x.model"), "--source", str(tmp_path / "none*.txt")])
+    code = cli.main(
+        ["vocab", "--output", str(tmp_path / "x.model"), "--source", str(tmp_path / "none*.txt")]
+    )
     assert code == 2
     assert "No file matches" in capsys.readouterr().err
     with pytest.raises(SystemExit):

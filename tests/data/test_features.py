@@ -18,7 +18,10 @@ def _convert(converter, examples, lengths):
         lambda: iter(examples),
         output_signature={k: tf.TensorSpec([None], tf.int32) for k in examples[0]},
     )
-    return [{k: v.tolist() for k, v in ex.items()} for ex in converter(dataset, lengths).as_numpy_iterator()]
+    return [
+        {k: v.tolist() for k, v in ex.items()}
+        for ex in converter(dataset, lengths).as_numpy_iterator()
+    ]
 
 
 @pytest.mark.parametrize("architecture", ["encoder_decoder", "encoder_decoder_shared"])
@@ -39,8 +42,11 @@ def test_packing_vector_from_the_spec(architecture):
 
 
 def test_unpacked_encoder_decoder_pads_each_example():
-    rows = _convert(features.feature_converter("encoder_decoder", pack=False), EXAMPLES,
-                    {"inputs": 6, "targets": 4})
+    rows = _convert(
+        features.feature_converter("encoder_decoder", pack=False),
+        EXAMPLES,
+        {"inputs": 6, "targets": 4},
+    )
     assert [r["encoder_input_tokens"] for r in rows] == [[7, 8, 5, 1, 0, 0], [8, 4, 9, 3, 1, 0]]
     assert [r["decoder_input_tokens"] for r in rows] == [[0, 3, 9, 1], [0, 4, 1, 0]]
     assert "encoder_segment_ids" not in rows[0]
@@ -48,7 +54,9 @@ def test_unpacked_encoder_decoder_pads_each_example():
 
 def test_prefix_lm_marks_the_visible_prefix():
     # seqio's PrefixLMFeatureConverter docstring example (packed, inputs 7, targets 8).
-    (row,) = _convert(features.feature_converter("prefix_lm"), EXAMPLES, {"inputs": 7, "targets": 8})
+    (row,) = _convert(
+        features.feature_converter("prefix_lm"), EXAMPLES, {"inputs": 7, "targets": 8}
+    )
     assert row["decoder_target_tokens"] == [7, 8, 5, 1, 3, 9, 1, 8, 4, 9, 3, 1, 4, 1, 0]
     assert row["decoder_input_tokens"] == [0, 7, 8, 5, 1, 3, 9, 0, 8, 4, 9, 3, 1, 4, 0]
     assert row["decoder_loss_weights"] == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0]
@@ -67,8 +75,12 @@ def test_decoder_only_concatenates_under_a_causal_mask():
     (full,) = _convert(converter, EXAMPLES, lengths)
     assert full["decoder_loss_weights"] == [1] * 14 + [0]
     assert features.model_feature_lengths(converter, lengths) == {
-        "decoder_target_tokens": 15, "decoder_input_tokens": 15, "decoder_loss_weights": 15,
-        "decoder_segment_ids": 15, "decoder_positions": 15}
+        "decoder_target_tokens": 15,
+        "decoder_input_tokens": 15,
+        "decoder_loss_weights": 15,
+        "decoder_segment_ids": 15,
+        "decoder_positions": 15,
+    }
 
 
 @pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm"])
@@ -84,9 +96,16 @@ def test_targets_only_task_uses_the_lm_converter(architecture):
 
 def test_packed_rows_hold_every_token_once():
     rng = np.random.default_rng(0)
-    examples = [{"inputs": rng.integers(3, 50, rng.integers(1, 9)).tolist() + [1],
-                 "targets": rng.integers(3, 50, rng.integers(1, 5)).tolist() + [1]} for _ in range(40)]
-    rows = _convert(features.feature_converter("encoder_decoder"), examples, {"inputs": 16, "targets": 8})
+    examples = [
+        {
+            "inputs": rng.integers(3, 50, rng.integers(1, 9)).tolist() + [1],
+            "targets": rng.integers(3, 50, rng.integers(1, 5)).tolist() + [1],
+        }
+        for _ in range(40)
+    ]
+    rows = _convert(
+        features.feature_converter("encoder_decoder"), examples, {"inputs": 16, "targets": 8}
+    )
     packed = [t for r in rows for t in r["encoder_input_tokens"] if t]
     assert packed == [t for ex in examples for t in ex["inputs"]]  # order kept, nothing dropped
     assert len(rows) < len(examples)
@@ -104,14 +123,17 @@ def test_bad_architecture_and_missing_inputs():
 def test_over_length_examples_are_trimmed_and_counted_not_refused(architecture, pack, capsys):
     # seqio's own converter refuses an example longer than its lengths (a tf.data assertion).
     lengths = {"inputs": 4, "targets": 2}
-    seqio_cls = (seqio.EncDecFeatureConverter if architecture == "encoder_decoder"
-                 else seqio.PrefixLMFeatureConverter)
+    seqio_cls = (
+        seqio.EncDecFeatureConverter
+        if architecture == "encoder_decoder"
+        else seqio.PrefixLMFeatureConverter
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match="input_validation"):
         _convert(seqio_cls(pack=pack), EXAMPLES, lengths)
     converter = features.feature_converter(architecture, pack=pack, count_trimmed=True)
     rows = _convert(converter, EXAMPLES, lengths)
     # The same rows as seqio's converter on examples cut by hand (trim_and_pack's cut).
-    cut = [{k: v[:lengths[k]] for k, v in e.items()} for e in EXAMPLES]
+    cut = [{k: v[: lengths[k]] for k, v in e.items()} for e in EXAMPLES]
     assert rows == _convert(seqio_cls(pack=pack), cut, lengths)
     assert converter.trimmed == 2  # both examples were over length
     assert "2 example(s) longer than the feature lengths were trimmed" in capsys.readouterr().err

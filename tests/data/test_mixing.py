@@ -22,9 +22,14 @@ def tasks():
             num_input_examples={"train": size},
         )
         seqio.TaskRegistry.remove(name)
-        made.append(seqio.TaskRegistry.add(
-            name, source=source, preprocessors=[],
-            output_features={"targets": seqio.Feature(vocabulary)}))
+        made.append(
+            seqio.TaskRegistry.add(
+                name,
+                source=source,
+                preprocessors=[],
+                output_features={"targets": seqio.Feature(vocabulary)},
+            )
+        )
     return made
 
 
@@ -43,8 +48,10 @@ def test_worked_example_proportions(tasks):
     # Same numbers as the `mixtures` module docstring: K = 2000, T = 2.
     seqio.MixtureRegistry.remove("mixtest_k2000_t2")
     mixture = seqio.MixtureRegistry.add(
-        "mixtest_k2000_t2", [t.name for t in tasks],
-        default_rate=mixing.examples_proportional(2000, 2.0))
+        "mixtest_k2000_t2",
+        [t.name for t in tasks],
+        default_rate=mixing.examples_proportional(2000, 2.0),
+    )
     shares = mixing.proportions(mixture)
     total = 10 + math.sqrt(1000) + math.sqrt(2000)
     assert shares["mixtest_small"] == pytest.approx(10 / total)
@@ -60,9 +67,15 @@ def test_scale_applies_before_the_cap(tasks):
 
 def test_paper_multitask_rates(tasks):
     sizes = {"mixtest_small": 5_000_000, "mixtest_medium": 2_000_000, "mixtest_large": 9000}
-    pairs = dict(mixing.paper_multitask_rates(
-        ["mixtest_small", "mixtest_medium", "mixtest_large"], "unlabeled", "base",
-        wmt_tasks=("mixtest_small",), sizes=sizes))
+    pairs = dict(
+        mixing.paper_multitask_rates(
+            ["mixtest_small", "mixtest_medium", "mixtest_large"],
+            "unlabeled",
+            "base",
+            wmt_tasks=("mixtest_small",),
+            sizes=sizes,
+        )
+    )
     by_name = {t.name: t for t in tasks}
     assert pairs["unlabeled"](None) == 2_620_000
     assert pairs["mixtest_small"](by_name["mixtest_small"]) == mixing.WMT_CAP
@@ -72,11 +85,16 @@ def test_paper_multitask_rates(tasks):
 
 
 def test_unknown_size_says_how_to_fix():
-    source = seqio.FunctionDataSource(lambda split, shuffle_files: tf.data.Dataset.range(3),
-                                      splits=["train"])
+    source = seqio.FunctionDataSource(
+        lambda split, shuffle_files: tf.data.Dataset.range(3), splits=["train"]
+    )
     seqio.TaskRegistry.remove("mixtest_unsized")
-    task = seqio.TaskRegistry.add("mixtest_unsized", source=source, preprocessors=[],
-                                  output_features={"targets": seqio.Feature(seqio.PassThroughVocabulary(10))})
+    task = seqio.TaskRegistry.add(
+        "mixtest_unsized",
+        source=source,
+        preprocessors=[],
+        output_features={"targets": seqio.Feature(seqio.PassThroughVocabulary(10))},
+    )
     with pytest.raises(ValueError, match=r"sizes=\{'mixtest_unsized': N\}"):
         mixing.examples_proportional()(task)
     assert mixing.examples_proportional(sizes={"mixtest_unsized": 7})(task) == 7.0
@@ -96,29 +114,41 @@ def test_registry_miss_lists_near_names(tasks):
 def test_registration_replaces_only_its_own_tasks():
     """A module's `register()` run again replaces its tasks; a task of that name registered by
     another module, or outside t2t, is a real duplicate and fails naming both."""
-    source = seqio.FunctionDataSource(lambda split, shuffle_files: tf.data.Dataset.range(3),
-                                      splits=["train"])
+    source = seqio.FunctionDataSource(
+        lambda split, shuffle_files: tf.data.Dataset.range(3), splits=["train"]
+    )
     features = {"targets": seqio.Feature(seqio.PassThroughVocabulary(10))}
     for name in ("regtest_task", "regtest_user", "regtest_mixture"):
         seqio.TaskRegistry.remove(name)
         seqio.MixtureRegistry.remove(name)
-    first = registry.add_task("regtest_task", "module_a", source=source, preprocessors=[],
-                              output_features=features)
-    second = registry.add_task("regtest_task", "module_a", source=source, preprocessors=[],
-                               output_features=features)  # the same module again: replaced
+    first = registry.add_task(
+        "regtest_task", "module_a", source=source, preprocessors=[], output_features=features
+    )
+    second = registry.add_task(
+        "regtest_task", "module_a", source=source, preprocessors=[], output_features=features
+    )  # the same module again: replaced
     assert second is not first and seqio.TaskRegistry.get("regtest_task") is second
-    with pytest.raises(ValueError, match=r"'regtest_task' is already registered \(by module_a\); "
-                                         r"module_b registers another"):
-        registry.add_task("regtest_task", "module_b", source=source, preprocessors=[],
-                          output_features=features)
+    with pytest.raises(
+        ValueError,
+        match=r"'regtest_task' is already registered \(by module_a\); "
+        r"module_b registers another",
+    ):
+        registry.add_task(
+            "regtest_task", "module_b", source=source, preprocessors=[], output_features=features
+        )
     assert seqio.TaskRegistry.get("regtest_task") is second  # nothing was replaced
 
-    seqio.TaskRegistry.add("regtest_user", source=source, preprocessors=[],
-                           output_features=features)  # a user's task, through seqio
-    with pytest.raises(ValueError, match=r"already registered \(outside t2t\).*"
-                                         r"seqio.TaskRegistry.remove\('regtest_user'\)"):
-        registry.add_task("regtest_user", "module_a", source=source, preprocessors=[],
-                          output_features=features)
+    seqio.TaskRegistry.add(
+        "regtest_user", source=source, preprocessors=[], output_features=features
+    )  # a user's task, through seqio
+    with pytest.raises(
+        ValueError,
+        match=r"already registered \(outside t2t\).*"
+        r"seqio.TaskRegistry.remove\('regtest_user'\)",
+    ):
+        registry.add_task(
+            "regtest_user", "module_a", source=source, preprocessors=[], output_features=features
+        )
 
     registry.add_mixture("regtest_mixture", ["regtest_task"], "module_a", default_rate=1.0)
     registry.add_mixture("regtest_mixture", ["regtest_task"], "module_a", default_rate=2.0)
@@ -126,8 +156,10 @@ def test_registration_replaces_only_its_own_tasks():
         registry.add_mixture("regtest_mixture", ["regtest_task"], "module_b", default_rate=1.0)
     # Replaced outside t2t since: the old ownership no longer counts.
     seqio.TaskRegistry.remove("regtest_task")
-    seqio.TaskRegistry.add("regtest_task", source=source, preprocessors=[],
-                           output_features=features)
+    seqio.TaskRegistry.add(
+        "regtest_task", source=source, preprocessors=[], output_features=features
+    )
     with pytest.raises(ValueError, match="outside t2t"):
-        registry.add_task("regtest_task", "module_a", source=source, preprocessors=[],
-                          output_features=features)
+        registry.add_task(
+            "regtest_task", "module_a", source=source, preprocessors=[], output_features=features
+        )

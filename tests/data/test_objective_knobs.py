@@ -17,8 +17,9 @@ def _builtin(builtin_tasks):
 
 def first_batch(task, *bindings):
     runs.configure([DEMO], ["MODEL_DIR = '/tmp/unused'", *bindings])
-    config = pipeline.PipelineConfig(task, LENGTHS, global_batch_size=16, pack=False,
-                                     shuffle=False, num_epochs=1)
+    config = pipeline.PipelineConfig(
+        task, LENGTHS, global_batch_size=16, pack=False, shuffle=False, num_epochs=1
+    )
     return next(pipeline.InputPipeline(config))
 
 
@@ -30,8 +31,9 @@ def noise_fraction(batch):
 
 def test_a_gin_binding_sets_the_corruption_rate_of_a_registered_task():
     default = noise_fraction(first_batch("builtin_span_corruption"))
-    half = noise_fraction(first_batch("builtin_span_corruption",
-                                      "span_corruption.noise_density = 0.5"))
+    half = noise_fraction(
+        first_batch("builtin_span_corruption", "span_corruption.noise_density = 0.5")
+    )
     assert 0.14 < default < 0.22 and 0.45 < half < 0.55, (default, half)
     import gin
 
@@ -53,8 +55,9 @@ def test_a_gin_binding_sets_the_mean_span_length():
         return (batch["encoder_input_tokens"] >= low).sum()
 
     short = spans(first_batch("builtin_span_corruption"))
-    long = spans(first_batch("builtin_span_corruption",
-                             "span_corruption.mean_noise_span_length = 10.0"))
+    long = spans(
+        first_batch("builtin_span_corruption", "span_corruption.mean_noise_span_length = 10.0")
+    )
     assert 2.5 < short / long < 4.0, (short, long)  # about 10 / 3 times fewer spans
 
 

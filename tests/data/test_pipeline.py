@@ -32,30 +32,46 @@ def tasks(builtin_corpus, builtin_vocabulary):
     seqio.TaskRegistry.add(
         "pipetest_package",
         source=seqio.TextLineDataSource({"train": builtin_corpus.package_path("validation")}),
-        preprocessors=[functools.partial(text.parse_tsv, field_names=("docstring", "package")),
-                       _format_package, seqio.preprocessors.tokenize,
-                       seqio.preprocessors.append_eos_after_trim],
-        output_features=text.output_features(builtin_vocabulary))
+        preprocessors=[
+            functools.partial(text.parse_tsv, field_names=("docstring", "package")),
+            _format_package,
+            seqio.preprocessors.tokenize,
+            seqio.preprocessors.append_eos_after_trim,
+        ],
+        output_features=text.output_features(builtin_vocabulary),
+    )
     seqio.TaskRegistry.add(
         "pipetest_lm",
         source=seqio.TextLineDataSource({"train": builtin_corpus.corpus_path("validation")}),
-        preprocessors=[text.line_to_text,
-                       functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
-                       seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
-        output_features=text.output_features(builtin_vocabulary, has_inputs=False))
+        preprocessors=[
+            text.line_to_text,
+            functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
+            seqio.preprocessors.tokenize,
+            seqio.preprocessors.append_eos_after_trim,
+        ],
+        output_features=text.output_features(builtin_vocabulary, has_inputs=False),
+    )
     seqio.TaskRegistry.add(
         "pipetest_copy",
         source=seqio.TextLineDataSource({"train": builtin_corpus.corpus_path("validation")}),
-        preprocessors=[_copy_line, seqio.preprocessors.tokenize,
-                       seqio.preprocessors.append_eos_after_trim],
-        output_features=text.output_features(builtin_vocabulary))
+        preprocessors=[
+            _copy_line,
+            seqio.preprocessors.tokenize,
+            seqio.preprocessors.append_eos_after_trim,
+        ],
+        output_features=text.output_features(builtin_vocabulary),
+    )
     seqio.MixtureRegistry.add("pipetest_mix", [("pipetest_package", 1.0), ("pipetest_copy", 3.0)])
     return builtin_corpus
 
 
 def _config(**overrides):
-    settings = dict(mixture_or_task="pipetest_package", task_feature_lengths=LENGTHS,
-                    global_batch_size=4, seed=7)
+    settings = dict(
+        mixture_or_task="pipetest_package",
+        task_feature_lengths=LENGTHS,
+        global_batch_size=4,
+        seed=7,
+    )
     settings.update(overrides)
     return pipeline.PipelineConfig(**settings)
 
@@ -74,10 +90,19 @@ def _assert_same(batches_a, batches_b):
 
 def test_batches_are_numpy_with_model_features(tasks):
     batch = next(pipeline.InputPipeline(_config()))
-    assert set(batch) == {"encoder_input_tokens", "encoder_segment_ids", "encoder_positions",
-                          "decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights",
-                          "decoder_segment_ids", "decoder_positions"}
-    assert batch["encoder_input_tokens"].shape == (4, 128) and batch["decoder_target_tokens"].shape == (4, 32)
+    assert set(batch) == {
+        "encoder_input_tokens",
+        "encoder_segment_ids",
+        "encoder_positions",
+        "decoder_target_tokens",
+        "decoder_input_tokens",
+        "decoder_loss_weights",
+        "decoder_segment_ids",
+        "decoder_positions",
+    }
+    assert batch["encoder_input_tokens"].shape == (4, 128) and batch[
+        "decoder_target_tokens"
+    ].shape == (4, 32)
     assert all(isinstance(v, np.ndarray) and v.dtype == np.int32 for v in batch.values())
     assert (batch["encoder_segment_ids"].max(axis=1) > 1).any()  # rows are packed
     assert not tf.config.get_visible_devices("GPU")  # TF kept off accelerators
@@ -88,11 +113,14 @@ def test_same_seed_same_batches_other_seed_other_batches(tasks):
     first = _take(pipeline.InputPipeline(config), 3)
     _assert_same(first, _take(pipeline.InputPipeline(config), 3))
     other = _take(pipeline.InputPipeline(_config(mixture_or_task="pipetest_mix", seed=8)), 3)
-    assert any((a["encoder_input_tokens"] != b["encoder_input_tokens"]).any() for a, b in zip(first, other))
+    assert any(
+        (a["encoder_input_tokens"] != b["encoder_input_tokens"]).any() for a, b in zip(first, other)
+    )
 
 
-@pytest.mark.parametrize("name,architecture", [("builtin_multitask", "encoder_decoder"),
-                                               ("pipetest_lm", "decoder_only")])
+@pytest.mark.parametrize(
+    "name,architecture", [("builtin_multitask", "encoder_decoder"), ("pipetest_lm", "decoder_only")]
+)
 def test_restore_continues_exactly(tasks, builtin_tasks, tmp_path, name, architecture):
     config = _config(mixture_or_task=name, architecture=architecture)
     uninterrupted = pipeline.InputPipeline(config)
@@ -109,8 +137,11 @@ def test_restore_continues_exactly(tasks, builtin_tasks, tmp_path, name, archite
 def test_two_hosts_partition_the_data(tasks):
     def rows(**overrides):
         config = _config(num_epochs=1, shuffle=False, pack=False, **overrides)
-        return [tuple(row) for batch in pipeline.InputPipeline(config)
-                for row in batch["encoder_input_tokens"]]
+        return [
+            tuple(row)
+            for batch in pipeline.InputPipeline(config)
+            for row in batch["encoder_input_tokens"]
+        ]
 
     everything = rows(global_batch_size=2)
     shard0 = rows(shard_index=0, num_shards=2, global_batch_size=2)

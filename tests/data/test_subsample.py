@@ -15,8 +15,15 @@ def test_subset_indices_worked_example():
 
 def targets_seen(seed, max_examples, epochs=1, shuffle=False):
     config = pipeline.PipelineConfig(
-        "builtin_package", {"inputs": 64, "targets": 8}, global_batch_size=1, pack=False,
-        shuffle=shuffle, num_epochs=epochs, seed=seed, max_examples=max_examples)
+        "builtin_package",
+        {"inputs": 64, "targets": 8},
+        global_batch_size=1,
+        pack=False,
+        shuffle=shuffle,
+        num_epochs=epochs,
+        seed=seed,
+        max_examples=max_examples,
+    )
     data = pipeline.InputPipeline(config)
     rows = [tuple(batch["encoder_input_tokens"][0]) for batch in data]
     return rows, data.subset
@@ -34,7 +41,8 @@ def test_a_capped_task_trains_on_exactly_the_seeds_subset(builtin_tasks):
 
 
 def test_capping_a_mixture_is_refused_with_the_alternative(builtin_tasks):
-    config = pipeline.PipelineConfig("builtin_supervised", {"inputs": 64, "targets": 8},
-                                     global_batch_size=1, max_examples=5)
+    config = pipeline.PipelineConfig(
+        "builtin_supervised", {"inputs": 64, "targets": 8}, global_batch_size=1, max_examples=5
+    )
     with pytest.raises(ValueError, match="is a mixture. Cap its tasks"):
         pipeline.InputPipeline(config)

@@ -14,24 +14,43 @@ PRETRAIN_LENGTHS = {"inputs": 128, "targets": 64}
 SUPERVISED_LENGTHS = {"inputs": 256, "targets": 64}
 # Each supervised task's input prefix (docs/spec.md section 10) and whether its targets are labels.
 PREFIXES = {
-    "glue_cola": "cola sentence: ", "glue_sst2": "sst2 sentence: ",
-    "glue_mrpc": "mrpc sentence1: ", "glue_qqp": "qqp question1: ", "glue_stsb": "stsb sentence1: ",
-    "glue_mnli": "mnli hypothesis: ", "glue_mnli_matched": "mnli hypothesis: ",
-    "glue_mnli_mismatched": "mnli hypothesis: ", "glue_qnli": "qnli question: ",
-    "glue_rte": "rte sentence1: ", "glue_wnli": "wnli sentence1: ", "glue_ax": "mnli hypothesis: ",
-    "super_glue_boolq": "boolq passage: ", "super_glue_cb": "cb hypothesis: ",
-    "super_glue_copa": "copa choice1: ", "super_glue_multirc": "multirc question: ",
-    "super_glue_record": "record query: ", "super_glue_rte": "rte hypothesis: ",
-    "super_glue_wic": "wic sentence1: ", "super_glue_wsc_simple_train": "wsc: ",
-    "super_glue_wsc_simple_eval": "wsc: ", "dpr_simple": "wsc: ",
-    "super_glue_axb": "rte sentence1: ", "super_glue_axg": "rte hypothesis: ",
-    "squad": "question: ", "cnn_dailymail": "summarize: ",
-    "wmt_ende": "translate English to German: ", "wmt_enfr": "translate English to French: ",
+    "glue_cola": "cola sentence: ",
+    "glue_sst2": "sst2 sentence: ",
+    "glue_mrpc": "mrpc sentence1: ",
+    "glue_qqp": "qqp question1: ",
+    "glue_stsb": "stsb sentence1: ",
+    "glue_mnli": "mnli hypothesis: ",
+    "glue_mnli_matched": "mnli hypothesis: ",
+    "glue_mnli_mismatched": "mnli hypothesis: ",
+    "glue_qnli": "qnli question: ",
+    "glue_rte": "rte sentence1: ",
+    "glue_wnli": "wnli sentence1: ",
+    "glue_ax": "mnli hypothesis: ",
+    "super_glue_boolq": "boolq passage: ",
+    "super_glue_cb": "cb hypothesis: ",
+    "super_glue_copa": "copa choice1: ",
+    "super_glue_multirc": "multirc question: ",
+    "super_glue_record": "record query: ",
+    "super_glue_rte": "rte hypothesis: ",
+    "super_glue_wic": "wic sentence1: ",
+    "super_glue_wsc_simple_train": "wsc: ",
+    "super_glue_wsc_simple_eval": "wsc: ",
+    "dpr_simple": "wsc: ",
+    "super_glue_axb": "rte sentence1: ",
+    "super_glue_axg": "rte hypothesis: ",
+    "squad": "question: ",
+    "cnn_dailymail": "summarize: ",
+    "wmt_ende": "translate English to German: ",
+    "wmt_enfr": "translate English to French: ",
     "wmt_enro": "translate English to Romanian: ",
-    "builtin_summarize": "summarize: ", "builtin_package": "package docstring: ",
+    "builtin_summarize": "summarize: ",
+    "builtin_package": "package docstring: ",
 }
-LABEL_TASKS = {name for name in PREFIXES if name.startswith(("glue_", "super_glue_"))
-               and "record" not in name and "wsc" not in name} - {"glue_stsb"}
+LABEL_TASKS = {
+    name
+    for name in PREFIXES
+    if name.startswith(("glue_", "super_glue_")) and "record" not in name and "wsc" not in name
+} - {"glue_stsb"}
 
 
 def _registered(module_name, vocabulary):
@@ -76,8 +95,13 @@ def _check_supervised(name, task, vocabulary):
 
 def _check_metrics_on_gold(name, task, examples):
     """Postprocessors and metrics fit together: predicting the gold target text scores perfectly."""
+
     def post(value, example, is_target):
-        return task.postprocess_fn(value, example=example, is_target=is_target) if task.postprocess_fn else value
+        return (
+            task.postprocess_fn(value, example=example, is_target=is_target)
+            if task.postprocess_fn
+            else value
+        )
 
     targets = [post(e["targets_pretokenized"].decode(), e, True) for e in examples]
     predictions = [post(e["targets_pretokenized"].decode(), e, False) for e in examples]
@@ -127,7 +151,9 @@ def test_builtin_tasks_from_real_text(builtin_tasks, builtin_vocabulary):
         if isinstance(task, seqio.Mixture):
             assert sum(mixing.proportions(task).values()) == pytest.approx(1.0)
             continue
-        assert task.output_features["targets"].vocabulary.vocab_size == builtin_vocabulary.vocab_size
+        assert (
+            task.output_features["targets"].vocabulary.vocab_size == builtin_vocabulary.vocab_size
+        )
         if name in PREFIXES:
             _check_supervised(name, task, builtin_vocabulary)
             continue
@@ -148,13 +174,31 @@ def test_builtin_package_targets_are_labels(builtin_tasks, builtin_corpus):
 @pytest.fixture
 def published_sizes(monkeypatch):
     """Sizes of each training split (the TFDS catalog), in place of TFDS metadata offline."""
-    sizes = {"c4_span_corruption": 364_868_892, "glue_cola": 8_551, "glue_sst2": 67_349,
-             "glue_mrpc": 3_668, "glue_qqp": 363_846, "glue_stsb": 5_749, "glue_mnli": 392_702,
-             "glue_qnli": 104_743, "glue_rte": 2_490, "super_glue_boolq": 9_427, "super_glue_cb": 250,
-             "super_glue_copa": 400, "super_glue_multirc": 27_243, "super_glue_record": 100_730,
-             "super_glue_rte": 2_490, "super_glue_wic": 5_428, "super_glue_wsc_simple_train": 554,
-             "dpr_simple": 1_322, "squad": 87_599, "cnn_dailymail": 287_113,
-             "wmt_ende": 4_592_289, "wmt_enfr": 40_853_298, "wmt_enro": 610_320}
+    sizes = {
+        "c4_span_corruption": 364_868_892,
+        "glue_cola": 8_551,
+        "glue_sst2": 67_349,
+        "glue_mrpc": 3_668,
+        "glue_qqp": 363_846,
+        "glue_stsb": 5_749,
+        "glue_mnli": 392_702,
+        "glue_qnli": 104_743,
+        "glue_rte": 2_490,
+        "super_glue_boolq": 9_427,
+        "super_glue_cb": 250,
+        "super_glue_copa": 400,
+        "super_glue_multirc": 27_243,
+        "super_glue_record": 100_730,
+        "super_glue_rte": 2_490,
+        "super_glue_wic": 5_428,
+        "super_glue_wsc_simple_train": 554,
+        "dpr_simple": 1_322,
+        "squad": 87_599,
+        "cnn_dailymail": 287_113,
+        "wmt_ende": 4_592_289,
+        "wmt_enfr": 40_853_298,
+        "wmt_enro": 610_320,
+    }
     monkeypatch.setattr(seqio.Task, "num_input_examples", lambda task, split: sizes[task.name])
     return sizes
 
@@ -170,8 +214,11 @@ def test_paper_mixtures(builtin_vocabulary, published_sizes):
         expected = seqio.mixing_rate_num_examples(task, maximum=2**19)
         assert capped.get_rate(task) == pytest.approx(expected)
     base = mixing.proportions(seqio.get_mixture_or_task("all_multitask_base"))
-    supervised = sum(min(n, 1_000_000) if name in ("wmt_ende", "wmt_enfr") else n
-                     for name, n in published_sizes.items() if name != "c4_span_corruption")
+    supervised = sum(
+        min(n, 1_000_000) if name in ("wmt_ende", "wmt_enfr") else n
+        for name, n in published_sizes.items()
+        if name != "c4_span_corruption"
+    )
     assert base["c4_span_corruption"] == pytest.approx(2_620_000 / (2_620_000 + supervised))
     assert base["wmt_enfr"] == pytest.approx(1_000_000 / (2_620_000 + supervised))
     left_out = seqio.get_mixture_or_task("leave_one_out_glue")
@@ -204,9 +251,15 @@ def test_text_file_tasks(tmp_path, builtin_corpus, builtin_vocabulary):
     from t2t.data.tasks import text
 
     train = tmp_path / "train.txt"
-    train.write_text("\n".join(open(builtin_corpus.corpus_path("validation")).read().splitlines()[:50]))
-    names = text.register_text_file_tasks("mytext", {"train": str(train)}, builtin_vocabulary,
-                                          objectives=("span_corruption", "full_lm"))
+    train.write_text(
+        "\n".join(open(builtin_corpus.corpus_path("validation")).read().splitlines()[:50])
+    )
+    names = text.register_text_file_tasks(
+        "mytext",
+        {"train": str(train)},
+        builtin_vocabulary,
+        objectives=("span_corruption", "full_lm"),
+    )
     assert names == ["mytext_span_corruption", "mytext_full_lm"]
     task = seqio.get_mixture_or_task("mytext_span_corruption")
     assert task.num_input_examples("train") == 50
@@ -214,7 +267,9 @@ def test_text_file_tasks(tmp_path, builtin_corpus, builtin_vocabulary):
         _check_tokens(example, builtin_vocabulary, PRETRAIN_LENGTHS)
     assert "inputs" not in seqio.get_mixture_or_task("mytext_full_lm").output_features
     with pytest.raises(ValueError, match="No file matches"):
-        text.register_text_file_tasks("missing", {"train": str(tmp_path / "nope*.txt")}, builtin_vocabulary)
+        text.register_text_file_tasks(
+            "missing", {"train": str(tmp_path / "nope*.txt")}, builtin_vocabulary
+        )
 
 
 def test_each_name_leads_to_the_one_module_that_registers_it(builtin_tasks):

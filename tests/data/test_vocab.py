@@ -15,7 +15,11 @@ def test_special_ids_are_t5s(builtin_vocabulary):
     processor = spm.SentencePieceProcessor(model_file=builtin_vocabulary.sentencepiece_model_file)
     assert [processor.id_to_piece(i) for i in range(3)] == ["<pad>", "</s>", "<unk>"]
     assert processor.bos_id() == -1
-    assert (builtin_vocabulary.pad_id, builtin_vocabulary.eos_id, builtin_vocabulary.unk_id) == (0, 1, 2)
+    assert (builtin_vocabulary.pad_id, builtin_vocabulary.eos_id, builtin_vocabulary.unk_id) == (
+        0,
+        1,
+        2,
+    )
 
 
 def test_sentinels_count_down_from_the_last_id(builtin_vocabulary):
@@ -51,7 +55,10 @@ def test_padded_vocab_size():
 def test_training_lines_split_long_documents():
     # Same numbers as the `training_lines` docstring.
     assert list(vocab.training_lines(["One two. Three four five."], max_bytes=12)) == [
-        "One two.", "Three four", "five."]
+        "One two.",
+        "Three four",
+        "five.",
+    ]
     long_document = " ".join(["word"] * 3000)
     lines = list(vocab.training_lines([long_document]))
     assert all(len(line.encode()) <= 4000 for line in lines)

@@ -20,9 +20,19 @@ VOCAB = 64
 def make_hf_t5(seed: int = 1) -> T5ForConditionalGeneration:
     torch.manual_seed(seed)
     config = T5Config(
-        vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2,
-        num_decoder_layers=2, feed_forward_proj="gated-gelu", dropout_rate=0.0,
-        tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+        vocab_size=VOCAB,
+        d_model=32,
+        d_ff=64,
+        d_kv=8,
+        num_heads=4,
+        num_layers=2,
+        num_decoder_layers=2,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        tie_word_embeddings=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
     )
     model = T5ForConditionalGeneration(config).eval()
     with torch.no_grad():

@@ -5,7 +5,6 @@ plus the index, batch-first like any cache) and runs the full teacher-forced net
 so it shares nothing with the network's KV cache.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,8 +53,11 @@ def test_encoder_decoder_cached_equals_uncached(hf_t5, padded_inputs, method, fi
     @jax.jit
     def both(params):
         cached = model.predict_batch_with_aux(
-            params, {"encoder_input_tokens": inputs}, method=method,
-            first_cache_length=first_cache_length, **kwargs
+            params,
+            {"encoder_input_tokens": inputs},
+            method=method,
+            first_cache_length=first_cache_length,
+            **kwargs,
         )
         fn, cache = _encoder_decoder_uncached(model, params, inputs)
         if method == "greedy":

@@ -25,17 +25,20 @@ def inputs(padded_inputs):
 def _hf_generate(torch_model, ids, **kwargs):
     with torch.no_grad():
         return torch_model.generate(
-            torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(ids != 0),
-            do_sample=False, max_new_tokens=DECODE_LENGTH, **kwargs,
+            torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(ids != 0),
+            do_sample=False,
+            max_new_tokens=DECODE_LENGTH,
+            **kwargs,
         )
 
 
 def test_greedy_matches_hf_generate_token_for_token(hf_t5, inputs):
     torch_model, model, params = hf_t5
     expected = _hf_generate(torch_model, inputs, num_beams=1).numpy()[:, 1:]  # drop start token
-    predict = jax.jit(functools.partial(
-        model.predict_batch, method="greedy", max_decode_length=DECODE_LENGTH
-    ))
+    predict = jax.jit(
+        functools.partial(model.predict_batch, method="greedy", max_decode_length=DECODE_LENGTH)
+    )
     got = np.asarray(predict(params, {"encoder_input_tokens": jnp.asarray(inputs)}))
     np.testing.assert_array_equal(got, expected)
     # The case is meaningful: rows end at different steps and some never end.
@@ -48,15 +51,27 @@ def test_beam4_matches_hf_with_no_length_penalty(hf_t5, inputs):
     # only at 0 (ranking by log-probability), so the comparison uses alpha = length_penalty = 0.
     torch_model, model, params = hf_t5
     out = _hf_generate(
-        torch_model, inputs, num_beams=4, num_return_sequences=4, length_penalty=0.0,
-        early_stopping=False, output_scores=True, return_dict_in_generate=True,
+        torch_model,
+        inputs,
+        num_beams=4,
+        num_return_sequences=4,
+        length_penalty=0.0,
+        early_stopping=False,
+        output_scores=True,
+        return_dict_in_generate=True,
     )
     hf_beams = out.sequences.numpy()[:, 1:].reshape(BATCH, 4, -1)
     hf_scores = out.sequences_scores.numpy().reshape(BATCH, 4)
-    predict = jax.jit(functools.partial(
-        model.predict_batch_with_aux, method="beam", beam_size=4, alpha=0.0, beam_rule="hf",
-        max_decode_length=DECODE_LENGTH,
-    ))
+    predict = jax.jit(
+        functools.partial(
+            model.predict_batch_with_aux,
+            method="beam",
+            beam_size=4,
+            alpha=0.0,
+            beam_rule="hf",
+            max_decode_length=DECODE_LENGTH,
+        )
+    )
     _, aux = predict(params, {"encoder_input_tokens": jnp.asarray(inputs)})
     beams, scores = np.asarray(aux["beams"]), np.asarray(aux["beam_scores"])
     for row in range(BATCH):

@@ -78,7 +78,11 @@ def test_min_length_suppresses_eos_only_before_it():
     # Beam search: the one-token [EOS] of row 0 (its best beam at alpha 0) is barred, so both
     # beams of row 0 have at least two tokens: A A EOS (0.55 x 0.2 x 0.8) comes first.
     seqs, scores = decoding.beam_search(
-        _markov(_table(ROWS)), _cache(2), beam_size=2, max_decode_length=4, alpha=0.0,
+        _markov(_table(ROWS)),
+        _cache(2),
+        beam_size=2,
+        max_decode_length=4,
+        alpha=0.0,
         min_length=2,
     )
     np.testing.assert_array_equal(seqs[0, 0], [A, A, EOS, 0])
@@ -89,7 +93,10 @@ def test_min_length_suppresses_eos_only_before_it():
 def test_greedy_forces_prompt_tokens():
     prompt = jnp.array([[B, A, 0, 0, 0], [0, 0, 0, 0, 0]])
     out = decoding.greedy(
-        _markov(_table(ROWS)), _cache(2), max_decode_length=5, prompt=prompt,
+        _markov(_table(ROWS)),
+        _cache(2),
+        max_decode_length=5,
+        prompt=prompt,
         prompt_lengths=jnp.array([2, 0]),
     )
     # Row 0 continues from "B A" with A's best next token, EOS.
@@ -147,7 +154,8 @@ def test_t5x_rule_finishes_by_eos_only_and_falls_back_to_live_beams():
     )
     np.testing.assert_array_equal(seqs[:, 0], [[A, EOS], [A, B]])
     np.testing.assert_allclose(
-        scores[:, 0], [math.log(0.44) / (7 / 6) ** 0.6, 2 * math.log(0.9)], atol=1e-4)
+        scores[:, 0], [math.log(0.44) / (7 / 6) ** 0.6, 2 * math.log(0.9)], atol=1e-4
+    )
     hf_seqs, hf_scores = decoding.beam_search(
         _markov(_table(ROWS)), _cache(2), beam_size=1, max_decode_length=2, alpha=0.6, rule="hf"
     )
@@ -160,10 +168,12 @@ def test_t5x_rule_lets_any_of_the_2k_candidates_finish():
     # candidate [EOS] finishes (log .4), and the live A EOS (0.6 x 0.6 = .36) cannot beat it.
     # Under the HF rule only the best candidate may finish: A EOS, which greedy decoding takes.
     rows = [{PAD: {A: 0.6, EOS: 0.4}, A: {EOS: 0.6, B: 0.4}, B: {EOS: 1.0}}]
-    t5x = decoding.beam_search(_markov(_table(rows)), _cache(1), beam_size=1,
-                               max_decode_length=4, alpha=0.0, rule="t5x")
-    hf = decoding.beam_search(_markov(_table(rows)), _cache(1), beam_size=1,
-                              max_decode_length=4, alpha=0.0, rule="hf")
+    t5x = decoding.beam_search(
+        _markov(_table(rows)), _cache(1), beam_size=1, max_decode_length=4, alpha=0.0, rule="t5x"
+    )
+    hf = decoding.beam_search(
+        _markov(_table(rows)), _cache(1), beam_size=1, max_decode_length=4, alpha=0.0, rule="hf"
+    )
     greedy = decoding.greedy(_markov(_table(rows)), _cache(1), max_decode_length=4)
     np.testing.assert_array_equal(t5x[0][0, 0], [EOS, 0, 0, 0])
     assert t5x[1][0, 0] == pytest.approx(math.log(0.4), abs=1e-4)
@@ -171,18 +181,27 @@ def test_t5x_rule_lets_any_of_the_2k_candidates_finish():
     assert hf[1][0, 0] == pytest.approx(math.log(0.36), abs=1e-4)
     np.testing.assert_array_equal(greedy[0], hf[0][0, 0])
     with pytest.raises(ValueError, match="rule"):
-        decoding.beam_search(_markov(_table(rows)), _cache(1), beam_size=1,
-                             max_decode_length=4, rule="mesh")
+        decoding.beam_search(
+            _markov(_table(rows)), _cache(1), beam_size=1, max_decode_length=4, rule="mesh"
+        )
 
 
 def test_decoding_config_validates_and_overrides():
     config = decoding.DecodingConfig(method="beam", beam_size=3)
     assert decoding.DecodingConfig.of(config, alpha=0.0) == decoding.DecodingConfig(
-        method="beam", beam_size=3, alpha=0.0)
+        method="beam", beam_size=3, alpha=0.0
+    )
     assert decoding.DecodingConfig().beam_rule == "t5x"
-    for bad in (dict(method="nucleus"), dict(beam_rule="mesh"), dict(beam_size=0),
-                dict(first_cache_length=0), dict(max_decode_length=-1), dict(alpha=-1.0),
-                dict(top_p=0.0), dict(min_length=-2)):
+    for bad in (
+        dict(method="nucleus"),
+        dict(beam_rule="mesh"),
+        dict(beam_size=0),
+        dict(first_cache_length=0),
+        dict(max_decode_length=-1),
+        dict(alpha=-1.0),
+        dict(top_p=0.0),
+        dict(min_length=-2),
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             decoding.DecodingConfig(**bad)
 
@@ -253,8 +272,10 @@ def _history_stub(seed, vocab=16, batch_size=3, eos_from=None, calls=None):
             logits = logits.at[:, EOS].add(jnp.where(ends, 1e4, -1e4))
         return logits, {"history": history, "index": index + 1}
 
-    cache = {"history": jnp.zeros((batch_size, 1), jnp.int32),
-             "index": jnp.zeros(batch_size, jnp.int32)}
+    cache = {
+        "history": jnp.zeros((batch_size, 1), jnp.int32),
+        "index": jnp.zeros(batch_size, jnp.int32),
+    }
     return tokens_to_logits, cache, lengths
 
 
@@ -282,11 +303,11 @@ def test_decoding_in_phases_of_a_growing_cache_equals_one_phase(method):
         if method == "greedy":
             out = decoding.greedy(fn, cache, max_decode_length=9, **kwargs)
         elif method == "sample":
-            out = decoding.sample(fn, cache, jax.random.PRNGKey(2), max_decode_length=9,
-                                  **kwargs)
+            out = decoding.sample(fn, cache, jax.random.PRNGKey(2), max_decode_length=9, **kwargs)
         else:
-            out = decoding.beam_search(fn, cache, beam_size=3, max_decode_length=9, alpha=0.6,
-                                       rule="hf", **kwargs)
+            out = decoding.beam_search(
+                fn, cache, beam_size=3, max_decode_length=9, alpha=0.6, rule="hf", **kwargs
+            )
         return out, lengths
 
     (one, one_lengths), (phased, phased_lengths) = (
@@ -304,8 +325,9 @@ def test_decoding_in_phases_stops_once_every_row_has_ended():
     for first in (20, 2):
         calls = []
         fn, cache, _ = _history_stub(5, eos_from=2, calls=calls)
-        out = decoding.greedy(fn, cache, max_decode_length=20, resize_cache=_resize_history,
-                              first_cache_length=first)
+        out = decoding.greedy(
+            fn, cache, max_decode_length=20, resize_cache=_resize_history, first_cache_length=first
+        )
         jax.effects_barrier()
         outputs.append(np.asarray(out))
         steps.append(calls)
@@ -319,8 +341,9 @@ def test_beam_width_one_alpha_zero_is_greedy_under_the_hf_rule():
     for seed in range(3):
         fn, cache = _random_tokens_to_logits(seed)
         greedy = decoding.greedy(fn, cache, max_decode_length=10)
-        seqs, _ = decoding.beam_search(fn, cache, beam_size=1, max_decode_length=10, alpha=0.0,
-                                       rule="hf")
+        seqs, _ = decoding.beam_search(
+            fn, cache, beam_size=1, max_decode_length=10, alpha=0.0, rule="hf"
+        )
         np.testing.assert_array_equal(seqs[:, 0], greedy)
 
 
@@ -370,18 +393,20 @@ def _one_step_stub(probs, batch_size):
 
 def test_sampling_with_top_p_draws_from_the_nucleus_in_proportion():
     fn, cache = _one_step_stub([0.1, 0.5, 0.3, 0.1], 4000)
-    out = np.asarray(decoding.sample(
-        fn, cache, jax.random.PRNGKey(0), max_decode_length=1, top_p=0.7
-    ))[:, 0]
+    out = np.asarray(
+        decoding.sample(fn, cache, jax.random.PRNGKey(0), max_decode_length=1, top_p=0.7)
+    )[:, 0]
     assert set(np.unique(out)) == {1, 2}
     assert np.mean(out == 1) == pytest.approx(0.5 / 0.8, abs=0.03)
 
 
 def test_sampling_with_top_k_and_temperature():
     fn, cache = _one_step_stub([0.1, 0.5, 0.3, 0.1], 4000)
-    out = np.asarray(decoding.sample(
-        fn, cache, jax.random.PRNGKey(1), max_decode_length=1, top_k=2, temperature=2.0
-    ))[:, 0]
+    out = np.asarray(
+        decoding.sample(
+            fn, cache, jax.random.PRNGKey(1), max_decode_length=1, top_k=2, temperature=2.0
+        )
+    )[:, 0]
     assert set(np.unique(out)) == {1, 2}
     # Temperature 2 turns probabilities into their square roots before renormalizing.
     expected = math.sqrt(0.5) / (math.sqrt(0.5) + math.sqrt(0.3))
@@ -416,8 +441,9 @@ def test_ensemble_averages_logits_before_softmax():
     np.testing.assert_allclose(logits[0], (first + second) / 2)
     assert isinstance(new, tuple) and len(new) == 2
     np.testing.assert_array_equal(decoding.greedy(fn, caches, max_decode_length=1), [[B], [B]])
-    seqs, _ = decoding.beam_search(fn, caches, beam_size=2, max_decode_length=1, alpha=0.0,
-                                   rule="hf")
+    seqs, _ = decoding.beam_search(
+        fn, caches, beam_size=2, max_decode_length=1, alpha=0.0, rule="hf"
+    )
     np.testing.assert_array_equal(seqs[:, 0, 0], [B, B])
 
 

@@ -21,22 +21,45 @@ from .test_runs import SMALL, flat_params
 
 CHAINS = sorted(glob.glob("gin/chains/*.gin"))
 FINETUNE = "experiments/tiny_builtin_finetune.gin"
-COMMON = ["TRAIN_STEPS = 3", "BATCH_SIZE = 8", "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-          "t2t.runs.train.evaluators = []", "t2t.runs.train.progress = False",
-          "t2t.runs.train.num_predictions = 0", "t2t.runs.train.log_every = 1",
-          "t2t.runs.train.checkpoint_every = 1", "t2t.runs.train.eval_every = 1",
-          "t2t.runs.train.eval_steps = 1"]
+COMMON = [
+    "TRAIN_STEPS = 3",
+    "BATCH_SIZE = 8",
+    "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+    "t2t.runs.train.evaluators = []",
+    "t2t.runs.train.progress = False",
+    "t2t.runs.train.num_predictions = 0",
+    "t2t.runs.train.log_every = 1",
+    "t2t.runs.train.checkpoint_every = 1",
+    "t2t.runs.train.eval_every = 1",
+    "t2t.runs.train.eval_steps = 1",
+]
 STAGES = [
-    {"name": "one", "gin_files": [FINETUNE],
-     "bindings": ["MIXTURE_OR_TASK = 'builtin_summarize'", "EVAL_TASKS = ['builtin_summarize']",
-                  "t2t.runs.train.best_metrics = {}"],
-     "select": "builtin_summarize/loss"},
-    {"name": "two", "gin_files": [FINETUNE], "bindings": ["EVAL_TASKS = []",
-                                                          "t2t.runs.train.eval_every = None"]},
-    {"name": "frozen", "gin_files": [FINETUNE],  # trains nothing: ends where it started
-     "bindings": ["TRAIN_STEPS = 1", "EVAL_TASKS = []", "t2t.runs.train.eval_every = None",
-                  "t2t.runs.train.finetuning = @t2t.finetuning.FineTuning()",
-                  "t2t.finetuning.FineTuning.frozen = ['all']"]},
+    {
+        "name": "one",
+        "gin_files": [FINETUNE],
+        "bindings": [
+            "MIXTURE_OR_TASK = 'builtin_summarize'",
+            "EVAL_TASKS = ['builtin_summarize']",
+            "t2t.runs.train.best_metrics = {}",
+        ],
+        "select": "builtin_summarize/loss",
+    },
+    {
+        "name": "two",
+        "gin_files": [FINETUNE],
+        "bindings": ["EVAL_TASKS = []", "t2t.runs.train.eval_every = None"],
+    },
+    {
+        "name": "frozen",
+        "gin_files": [FINETUNE],  # trains nothing: ends where it started
+        "bindings": [
+            "TRAIN_STEPS = 1",
+            "EVAL_TASKS = []",
+            "t2t.runs.train.eval_every = None",
+            "t2t.runs.train.finetuning = @t2t.finetuning.FineTuning()",
+            "t2t.finetuning.FineTuning.frozen = ['all']",
+        ],
+    },
 ]
 
 
@@ -50,8 +73,10 @@ def pretrained(tmp_path_factory):
     from t2t import runs
 
     path = tmp_path_factory.mktemp("pretrained")
-    runs.configure(["gin/experiments/tiny_builtin_demo.gin"], [
-        f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.train.eval_every = None"])
+    runs.configure(
+        ["gin/experiments/tiny_builtin_demo.gin"],
+        [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.train.eval_every = None"],
+    )
     runs.train()
     return str(path)
 
@@ -90,7 +115,10 @@ def test_a_chain_starts_each_stage_from_the_selection_and_resumes_exactly(pretra
     best = min(losses, key=losses.get)
     assert one["selected_step"] == best
     assert model_dir_lib.ModelDir(two["model_dir"]).metadata()["initialized_from"] == {
-        "kind": "t2t", "path": one["model_dir"], "step": best}
+        "kind": "t2t",
+        "path": one["model_dir"],
+        "step": best,
+    }
     assert two["init_checkpoint"] == f"{one['model_dir']}@best:builtin_summarize/loss"
     # The frozen stage's parameters are its initial ones: stage two's last, bit for bit.
     last_two, _ = flat_params(two["model_dir"])
@@ -105,9 +133,21 @@ def test_a_chain_starts_each_stage_from_the_selection_and_resumes_exactly(pretra
     resumed = tmp_path / "resumed"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     killed = subprocess.run(
-        [sys.executable, "-c", KILLED_CHAIN, "5", str(resumed), json.dumps(STAGES),
-         pretrained, json.dumps(bindings)], env=env, capture_output=True, text=True,
-        timeout=900)
+        [
+            sys.executable,
+            "-c",
+            KILLED_CHAIN,
+            "5",
+            str(resumed),
+            json.dumps(STAGES),
+            pretrained,
+            json.dumps(bindings),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     again = chain.run(str(resumed), STAGES, init_checkpoint=pretrained, bindings=bindings)
     assert again["stages"][0]["skipped"] and not again["stages"][1]["skipped"]
@@ -125,8 +165,9 @@ def test_every_chain_file_parses_stage_by_stage(path, tmp_path, capsys, hf_tiny)
         if "INIT_CHECKPOINT = %gin.REQUIRED" in f.read():
             flags.append(f"--gin.INIT_CHECKPOINT='{hf_tiny}'")
     assert cli.main(["chain", f"--gin_file={path}", "--dry_run", *flags]) == 0
-    commands = [line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("t2t train")]
+    commands = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t train")
+    ]
     assert len(commands) >= 2
     assert all("--gin.MODEL_DIR=" in c for c in commands)
     assert all("--gin.INIT_CHECKPOINT=" in c for c in commands[1:])
@@ -139,19 +180,32 @@ def hf_tiny(tmp_path_factory):
     import t2t.nn as tn
     from t2t.checkpoints import hf
 
-    config = tn.get_preset("tiny", vocab_size=256, d_model=32, d_ff=64, num_heads=2, d_kv=16,
-                           num_encoder_layers=1, num_decoder_layers=1)
+    config = tn.get_preset(
+        "tiny",
+        vocab_size=256,
+        d_model=32,
+        d_ff=64,
+        num_heads=2,
+        d_kv=16,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
     directory = str(tmp_path_factory.mktemp("hf_tiny"))
     hf.export_hf(directory, config, nnx.state(tn.build(config, nnx.Rngs(params=0)), nnx.Param))
     return directory
 
 
 def test_a_stage_prefixed_binding_reaches_that_stage_only():
-    split = chain._split_bindings(["two: TRAIN_STEPS = 9", "BATCH_SIZE = 8",
-                                   "t2t.runs.train.best_metrics = {'a/b': 'max'}"], ["one", "two"])
+    split = chain._split_bindings(
+        ["two: TRAIN_STEPS = 9", "BATCH_SIZE = 8", "t2t.runs.train.best_metrics = {'a/b': 'max'}"],
+        ["one", "two"],
+    )
     assert split["one"] == ["BATCH_SIZE = 8", "t2t.runs.train.best_metrics = {'a/b': 'max'}"]
-    assert split["two"] == ["TRAIN_STEPS = 9", "BATCH_SIZE = 8",
-                            "t2t.runs.train.best_metrics = {'a/b': 'max'}"]
+    assert split["two"] == [
+        "TRAIN_STEPS = 9",
+        "BATCH_SIZE = 8",
+        "t2t.runs.train.best_metrics = {'a/b': 'max'}",
+    ]
 
 
 def test_checkpoint_specs_name_a_step(tmp_path):

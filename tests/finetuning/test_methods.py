@@ -19,8 +19,17 @@ from t2t.finetuning import FineTuning, depths_of_config, groups
 from t2t.partitioning import make_partitioner
 from t2t.trainer import init
 
-BASE = tn.get_preset("tiny", dropout_rate=0.0, vocab_size=256, d_model=32, d_ff=64, d_kv=16,
-                     num_heads=2, num_encoder_layers=3, num_decoder_layers=3)
+BASE = tn.get_preset(
+    "tiny",
+    dropout_rate=0.0,
+    vocab_size=256,
+    d_model=32,
+    d_ff=64,
+    d_kv=16,
+    num_heads=2,
+    num_encoder_layers=3,
+    num_decoder_layers=3,
+)
 INPUTS = jnp.array([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]])
 DECODER_INPUTS = jnp.array([[0, 4, 5, 6], [0, 7, 1, 0]])
 
@@ -30,8 +39,10 @@ def params_of(config, seed=0):
 
 
 def flat(params):
-    return {"/".join(str(k.key) for k in path): np.asarray(leaf) for path, leaf in
-            jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))[0]}
+    return {
+        "/".join(str(k.key) for k in path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(params))[0]
+    }
 
 
 def logits(config, params, inputs=INPUTS):
@@ -55,7 +66,8 @@ def adapted(config, base_params, reinit=(), prompt_init="random"):
     merged, started = init._fill(fresh, source, list(reinit))
     if config.prompt_length and prompt_init == "vocabulary":
         merged["prompt"]["embedding"], tokens = init._prompt_from_vocabulary(
-            merged["token_embedder"]["embedding"], config.prompt_length, seed=0)
+            merged["token_embedder"]["embedding"], config.prompt_length, seed=0
+        )
         return init._place(merged, abstract), started, tokens
     return init._place(merged, abstract), started
 
@@ -64,8 +76,14 @@ def adapted(config, base_params, reinit=(), prompt_init="random"):
 
 
 def test_groups_select_what_they_name(base_params):
-    masks = dict(zip(flat(base_params), groups.masks_of(groups.select(
-        base_params, ["layer_norms", "decoder_layer:-1", "relpos"]))))
+    masks = dict(
+        zip(
+            flat(base_params),
+            groups.masks_of(
+                groups.select(base_params, ["layer_norms", "decoder_layer:-1", "relpos"])
+            ),
+        )
+    )
     chosen = {path for path, mask in masks.items() if mask}
     assert "encoder/layers_1/pre_mlp_layer_norm/scale" in chosen
     assert "decoder/decoder_norm/scale" in chosen and "encoder/encoder_norm/scale" in chosen
@@ -93,19 +111,26 @@ def test_layer_groups_select_slices_of_scanned_layers():
 # -- additions start as the identity --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("additions", [
-    dict(adapter_size=8),
-    dict(lora_rank=4, lora_targets=("query", "key", "value", "out", "wi_0", "wi_1", "wo",
-                                    "logits_dense")),
-    dict(adapter_size=4, lora_rank=2, scan_layers=True),
-], ids=["adapters", "lora_everywhere", "both_scanned"])
+@pytest.mark.parametrize(
+    "additions",
+    [
+        dict(adapter_size=8),
+        dict(
+            lora_rank=4,
+            lora_targets=("query", "key", "value", "out", "wi_0", "wi_1", "wo", "logits_dense"),
+        ),
+        dict(adapter_size=4, lora_rank=2, scan_layers=True),
+    ],
+    ids=["adapters", "lora_everywhere", "both_scanned"],
+)
 def test_adapted_network_starts_with_the_pretrained_logits(base_params, additions):
     config = BASE.replace(**additions)
     params, started = adapted(config, base_params)
     assert started and all(("adapter" in p) or ("lora" in p) for p in started)
     base = BASE.replace(scan_layers=config.scan_layers)  # the same layout: the same program
-    np.testing.assert_array_equal(logits(config, params), logits(base, tn.to_layout(
-        base_params, base)))
+    np.testing.assert_array_equal(
+        logits(config, params), logits(base, tn.to_layout(base_params, base))
+    )
 
 
 def test_a_vocabulary_prompt_is_the_base_model_reading_those_tokens(base_params):
@@ -113,28 +138,35 @@ def test_a_vocabulary_prompt_is_the_base_model_reading_those_tokens(base_params)
     params, started, tokens = adapted(config, base_params, prompt_init="vocabulary")
     assert started == ["prompt/embedding"] and len(set(tokens)) == 3
     prompted = jnp.concatenate([jnp.tile(jnp.array(tokens)[None], (2, 1)), INPUTS], axis=1)
-    np.testing.assert_allclose(logits(config, params), logits(BASE, base_params, prompted),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        logits(config, params), logits(BASE, base_params, prompted), atol=1e-6
+    )
     with pytest.raises(ValueError, match="pack=False"):
-        model = nnx.merge(nnx.split(nnx.eval_shape(lambda: tn.build(config, nnx.Rngs(0))))[0],
-                          params)
+        model = nnx.merge(
+            nnx.split(nnx.eval_shape(lambda: tn.build(config, nnx.Rngs(0))))[0], params
+        )
         model(INPUTS, DECODER_INPUTS, jnp.ones_like(INPUTS), jnp.ones_like(DECODER_INPUTS))
 
 
 def test_prompts_need_an_encoder():
     with pytest.raises(ValueError, match="has no encoder"):
-        tn.get_preset("tiny", architecture="decoder_only", num_encoder_layers=0,
-                      prompt_length=4)
+        tn.get_preset("tiny", architecture="decoder_only", num_encoder_layers=0, prompt_length=4)
 
 
 def test_merged_lora_computes_what_the_lora_network_does(base_params):
-    config = BASE.replace(lora_rank=3, lora_alpha=6.0, lora_targets=("query", "wo"),
-                          scan_layers=True)
+    config = BASE.replace(
+        lora_rank=3, lora_alpha=6.0, lora_targets=("query", "wo"), scan_layers=True
+    )
     params, _ = adapted(config, base_params)
     rng = np.random.RandomState(0)
     values = jax.tree_util.tree_map_with_path(  # trained-looking updates: B no longer zero
-        lambda path, x: x + 0.3 * rng.randn(*x.shape).astype(np.float32)
-        if "lora_b" in jax.tree_util.keystr(path) else x, nnx.to_pure_dict(params))
+        lambda path, x: (
+            x + 0.3 * rng.randn(*x.shape).astype(np.float32)
+            if "lora_b" in jax.tree_util.keystr(path)
+            else x
+        ),
+        nnx.to_pure_dict(params),
+    )
     nnx.replace_by_pure_dict(params, values)
     merged, plain = tn.merge_lora(nnx.to_pure_dict(params), config)
     assert plain.lora_rank == 0 and "lora_a" not in str(jax.tree_util.tree_structure(merged))
@@ -153,10 +185,12 @@ def test_fill_refuses_parameters_it_cannot_find(base_params):
     assert all(p.startswith("decoder/") for p in started)
     values = flat(params)
     base = flat(base_params)
-    assert np.array_equal(values["encoder/layers_0/mlp/wo/kernel"],
-                          base["encoder/layers_0/mlp/wo/kernel"])
-    assert not np.array_equal(values["decoder/layers_0/mlp/wo/kernel"],
-                              base["decoder/layers_0/mlp/wo/kernel"])
+    assert np.array_equal(
+        values["encoder/layers_0/mlp/wo/kernel"], base["encoder/layers_0/mlp/wo/kernel"]
+    )
+    assert not np.array_equal(
+        values["decoder/layers_0/mlp/wo/kernel"], base["decoder/layers_0/mlp/wo/kernel"]
+    )
 
 
 # -- what trains ----------------------------------------------------------------------------------
@@ -177,8 +211,11 @@ def changed_per_step(ft, config, steps, tx=None):
         for path in before:
             diff = before[path] != after[path]
             if "/layers/" in path:  # stacked: which layer slices changed
-                changed |= {(path.replace("/layers/", f"/layers_{i}/"), "")
-                            for i in range(diff.shape[0]) if diff[i].any()}
+                changed |= {
+                    (path.replace("/layers/", f"/layers_{i}/"), "")
+                    for i in range(diff.shape[0])
+                    if diff[i].any()
+                }
             elif diff.any():
                 changed.add((path, ""))
         history.append({p for p, _ in changed})
@@ -202,8 +239,11 @@ def test_frozen_parameters_never_change_and_have_no_state(scan):
     inner = state.inner_states["frozen"].inner_state
     assert jax.tree.leaves(inner) == []  # set_to_zero keeps nothing
     description = ft.describe(params)
-    assert description["trainable_parameters"] == groups.count(
-        params, ft.masks(params)) < 0.2 * description["total_parameters"]
+    assert (
+        description["trainable_parameters"]
+        == groups.count(params, ft.masks(params))
+        < 0.2 * description["total_parameters"]
+    )
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
@@ -213,14 +253,18 @@ def test_gradual_unfreezing_changes_exactly_the_scheduled_layers(scan):
 
     def in_top(k):  # the top k layers of each stack, plus what trains throughout
         def keep(name):
-            if name.startswith("token_embedder/") or "logits_dense" in name or (
-                    name.endswith("_norm/scale") and "/layers_" not in name):
+            if (
+                name.startswith("token_embedder/")
+                or "logits_dense" in name
+                or (name.endswith("_norm/scale") and "/layers_" not in name)
+            ):
                 return True
             for stack in ("encoder", "decoder"):
                 for i in range(max(3 - k, 0), 3):
                     if name.startswith(f"{stack}/layers_{i}/"):
                         return True
             return k >= 3 and "relpos_bias" in name  # the bottom layer's table
+
         return keep
 
     for step, changed in enumerate(history):
@@ -251,8 +295,11 @@ def test_layerwise_rates_scale_each_layers_update_by_a_power_of_xi(scan):
 
 @pytest.mark.parametrize("architecture", ["decoder_only", "prefix_lm", "encoder_decoder_shared"])
 def test_additions_start_as_the_identity_in_every_architecture(architecture):
-    layers = dict(num_encoder_layers=0, num_decoder_layers=3) if architecture in (
-        "decoder_only", "prefix_lm") else {}
+    layers = (
+        dict(num_encoder_layers=0, num_decoder_layers=3)
+        if architecture in ("decoder_only", "prefix_lm")
+        else {}
+    )
     base = BASE.replace(architecture=architecture, **layers)
     base_params = params_of(base)
     config = base.replace(adapter_size=4, lora_rank=2, lora_targets=("query", "wo"))
@@ -268,7 +315,9 @@ def test_additions_start_as_the_identity_in_every_architecture(architecture):
             return model(tokens, decoder_causal_attention=causal)
         return model(INPUTS, DECODER_INPUTS)
 
-    np.testing.assert_array_equal(np.asarray(run(config, params)), np.asarray(run(base, base_params)))
+    np.testing.assert_array_equal(
+        np.asarray(run(config, params)), np.asarray(run(base, base_params))
+    )
 
 
 def test_a_spec_that_selects_nothing_is_refused(base_params):

@@ -16,11 +16,16 @@ from t2t.checkpoints import model_dir as model_dir_lib
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 FINETUNE = "gin/experiments/tiny_builtin_finetune.gin"
 SMALL = [
-    "t2t.nn.get_preset.d_model = 32", "t2t.nn.get_preset.d_ff = 64",
-    "t2t.nn.get_preset.num_heads = 2", "t2t.nn.get_preset.d_kv = 16",
-    "t2t.nn.get_preset.num_encoder_layers = 2", "t2t.nn.get_preset.num_decoder_layers = 2",
-    "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}", "BATCH_SIZE = 8",
-    "t2t.runs.train.progress = False", "t2t.runs.train.num_predictions = 0",
+    "t2t.nn.get_preset.d_model = 32",
+    "t2t.nn.get_preset.d_ff = 64",
+    "t2t.nn.get_preset.num_heads = 2",
+    "t2t.nn.get_preset.d_kv = 16",
+    "t2t.nn.get_preset.num_encoder_layers = 2",
+    "t2t.nn.get_preset.num_decoder_layers = 2",
+    "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+    "BATCH_SIZE = 8",
+    "t2t.runs.train.progress = False",
+    "t2t.runs.train.num_predictions = 0",
 ]
 
 
@@ -32,20 +37,31 @@ def _builtin(builtin_tasks):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     path = tmp_path_factory.mktemp("pretrained")
-    runs.configure([DEMO], [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2",
-                            "t2t.runs.train.eval_every = None"])
+    runs.configure(
+        [DEMO],
+        [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.train.eval_every = None"],
+    )
     runs.train()
     return str(path)
 
 
 def finetune(pretrained, model_dir, method_files, *bindings, steps=3):
-    runs.configure([FINETUNE, *method_files], [
-        f"INIT_CHECKPOINT = '{pretrained}'", f"MODEL_DIR = '{model_dir}'",
-        f"TRAIN_STEPS = {steps}", "BATCH_SIZE = 8",
-        "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-        "t2t.runs.train.eval_every = None", "t2t.runs.train.evaluators = []",
-        "t2t.runs.train.progress = False", "t2t.runs.train.num_predictions = 0",
-        "t2t.runs.train.log_every = 1", *bindings])
+    runs.configure(
+        [FINETUNE, *method_files],
+        [
+            f"INIT_CHECKPOINT = '{pretrained}'",
+            f"MODEL_DIR = '{model_dir}'",
+            f"TRAIN_STEPS = {steps}",
+            "BATCH_SIZE = 8",
+            "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
+            "t2t.runs.train.eval_every = None",
+            "t2t.runs.train.evaluators = []",
+            "t2t.runs.train.progress = False",
+            "t2t.runs.train.num_predictions = 0",
+            "t2t.runs.train.log_every = 1",
+            *bindings,
+        ],
+    )
     return runs.train()
 
 
@@ -62,17 +78,27 @@ def is_norm(path):
 
 # method gin file, extra bindings, which parameters may move (path -> bool), additions' prefix
 METHODS = {
-    "adapters": (["gin/finetuning/adapters.gin"],  # in two microbatches, too
-                 ["ADAPTER_SIZE = 4", "t2t.runs.train.num_microbatches = 2"],
-                 lambda p: "adapter" in p or is_norm(p)),
+    "adapters": (
+        ["gin/finetuning/adapters.gin"],  # in two microbatches, too
+        ["ADAPTER_SIZE = 4", "t2t.runs.train.num_microbatches = 2"],
+        lambda p: "adapter" in p or is_norm(p),
+    ),
     "lora": (["gin/finetuning/lora.gin"], ["LORA_RANK = 2"], lambda p: "lora_" in p),
-    "prompt_tuning": (["gin/finetuning/prompt_tuning.gin"], ["PROMPT_LENGTH = 3"],
-                      lambda p: p.startswith("prompt/")),
-    "feature_extraction": (["gin/finetuning/feature_extraction.gin"], [],
-                           lambda p: p.startswith("decoder/")),
-    "new_decoder": (["gin/finetuning/feature_extraction_new_decoder.gin"],
-                    ["t2t.runs.checkpoint_model_config.num_decoder_layers = 1"],
-                    lambda p: p.startswith("decoder/")),
+    "prompt_tuning": (
+        ["gin/finetuning/prompt_tuning.gin"],
+        ["PROMPT_LENGTH = 3"],
+        lambda p: p.startswith("prompt/"),
+    ),
+    "feature_extraction": (
+        ["gin/finetuning/feature_extraction.gin"],
+        [],
+        lambda p: p.startswith("decoder/"),
+    ),
+    "new_decoder": (
+        ["gin/finetuning/feature_extraction_new_decoder.gin"],
+        ["t2t.runs.checkpoint_model_config.num_decoder_layers = 1"],
+        lambda p: p.startswith("decoder/"),
+    ),
 }
 
 
@@ -85,8 +111,9 @@ def test_only_the_methods_parameters_move(pretrained, tmp_path, method):
     after, metadata = flat_params(tmp_path)
     described = metadata["finetuning"]
     moved = {p for p in after if p not in before or not np.array_equal(before[p], after[p])}
-    assert moved == {p for p in after if may_move(p)}, sorted(moved ^ {
-        p for p in after if may_move(p)})
+    assert moved == {p for p in after if may_move(p)}, sorted(
+        moved ^ {p for p in after if may_move(p)}
+    )
     assert 0 < described["trainable_parameters"] < described["total_parameters"]
     if method == "new_decoder":  # a new, smaller decoder: not the pretrained one
         assert "decoder/layers_1/mlp/wo/kernel" not in after
@@ -122,16 +149,25 @@ gin.external_configurable(scripted_evaluator, "scripted_evaluator")
 
 
 def watched_run(pretrained, model_dir, *bindings, steps=8):
-    return finetune(pretrained, model_dir, [], "t2t.runs.train.eval_every = 1",
-                    "t2t.runs.train.evaluators = [@scripted_evaluator]",
-                    "t2t.runs.train.eval_tasks = []", "t2t.runs.train.checkpoint_every = 100",
-                    *bindings, steps=steps)
+    return finetune(
+        pretrained,
+        model_dir,
+        [],
+        "t2t.runs.train.eval_every = 1",
+        "t2t.runs.train.evaluators = [@scripted_evaluator]",
+        "t2t.runs.train.eval_tasks = []",
+        "t2t.runs.train.checkpoint_every = 100",
+        *bindings,
+        steps=steps,
+    )
 
 
 def test_early_stopping_stops_after_patience_and_keeps_the_best(pretrained, tmp_path, capsys):
-    stop = ["t2t.runs.train.early_stopping = @t2t.trainer.EarlyStopping()",
-            "t2t.trainer.EarlyStopping.metric = 'scripted/accuracy'",
-            "t2t.trainer.EarlyStopping.patience = 2"]
+    stop = [
+        "t2t.runs.train.early_stopping = @t2t.trainer.EarlyStopping()",
+        "t2t.trainer.EarlyStopping.metric = 'scripted/accuracy'",
+        "t2t.trainer.EarlyStopping.patience = 2",
+    ]
     summary = watched_run(pretrained, tmp_path, *stop)
     assert summary["last_step"] == summary["stopped_early"] == 6
     assert summary["best"]["early_stopping"] == {"value": 0.61, "step": 4}
@@ -146,11 +182,14 @@ def test_early_stopping_stops_after_patience_and_keeps_the_best(pretrained, tmp_
 def test_reduce_on_plateau_lowers_the_update_scale_after_patience(pretrained, tmp_path):
     from t2t.trainer import reporting
 
-    watched_run(pretrained, tmp_path, "t2t.runs.train.reduce_on_plateau = "
-                "@t2t.trainer.ReduceOnPlateau()",
-                "t2t.trainer.ReduceOnPlateau.metric = 'scripted/accuracy'",
-                "t2t.trainer.ReduceOnPlateau.patience = 2",
-                "t2t.trainer.ReduceOnPlateau.factor = 0.5")
+    watched_run(
+        pretrained,
+        tmp_path,
+        "t2t.runs.train.reduce_on_plateau = @t2t.trainer.ReduceOnPlateau()",
+        "t2t.trainer.ReduceOnPlateau.metric = 'scripted/accuracy'",
+        "t2t.trainer.ReduceOnPlateau.patience = 2",
+        "t2t.trainer.ReduceOnPlateau.factor = 0.5",
+    )
     scales = dict(reporting.read_scalars(str(tmp_path / "train"))["update_scale"])
     # Best 0.61 at eval 4; evals 5 and 6 do not improve: halved after eval 6, seen at step 7.
     assert [scales[s] for s in range(1, 9)] == [1, 1, 1, 1, 1, 1, 0.5, 0.5]

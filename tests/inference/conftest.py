@@ -35,8 +35,16 @@ def vocabulary(vocabulary_file):
 
 
 def tiny_config(**overrides):
-    fields = dict(vocab_size=512, d_model=32, d_ff=64, d_kv=8, num_heads=4, num_encoder_layers=2,
-                  num_decoder_layers=2, dropout_rate=0.0)
+    fields = dict(
+        vocab_size=512,
+        d_model=32,
+        d_ff=64,
+        d_kv=8,
+        num_heads=4,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        dropout_rate=0.0,
+    )
     fields.update(overrides)
     return nn.get_preset("tiny", **fields)
 
@@ -56,23 +64,28 @@ def random_params(config, seed):
     return jax.tree_util.tree_map_with_path(leaf, abstract)
 
 
-def write_model_dir(path, config, params_by_step, vocabulary_file, *,
-                    task="builtin_span_corruption"):
+def write_model_dir(
+    path, config, params_by_step, vocabulary_file, *, task="builtin_span_corruption"
+):
     """A model directory as `t2t train` leaves it: checkpoints with the brief's metadata keys,
     config.gin and model_config.json."""
     import dataclasses
 
     manager = CheckpointManager(path, keep=None, async_save=False)
     for step, params in sorted(params_by_step.items()):
-        manager.save(step, params=params, metadata={
-            "config": config,
-            "vocabulary": {"sentencepiece_model_file": vocabulary_file, "extra_ids": 100},
-            "mixture_or_task": task,
-            "task_feature_lengths": {"inputs": 64, "targets": 16},
-            "tokens_seen": 1000 * step,
-            "examples_seen": 10 * step,
-            "architecture": config.architecture,
-        })
+        manager.save(
+            step,
+            params=params,
+            metadata={
+                "config": config,
+                "vocabulary": {"sentencepiece_model_file": vocabulary_file, "extra_ids": 100},
+                "mixture_or_task": task,
+                "task_feature_lengths": {"inputs": 64, "targets": 16},
+                "tokens_seen": 1000 * step,
+                "examples_seen": 10 * step,
+                "architecture": config.architecture,
+            },
+        )
     manager.close()
     with open(os.path.join(path, "config.gin"), "w") as f:
         f.write("# operative gin config of the test run\nMODEL_DIR = 'test'\n")
@@ -103,8 +116,9 @@ def uncached_greedy(model, params_list, input_ids, max_length):
     for t in range(max_length):
         # NOTE: the decoder is causal, so padding the inputs after t does not change step t.
         decoder_inputs = np.pad(outputs[:, :-1], ((0, 0), (1, 0)))  # [B, T]
-        logits = np.mean([np.asarray(forward(p, inputs, decoder_inputs))[:, t]
-                          for p in params_list], axis=0)
+        logits = np.mean(
+            [np.asarray(forward(p, inputs, decoder_inputs))[:, t] for p in params_list], axis=0
+        )
         token = np.where(done, 0, np.argmax(logits, axis=-1))
         outputs[:, t] = token
         done |= token == decoding.EOS_ID

@@ -56,14 +56,16 @@ def setup(tmp_path_factory, config, params_a, params_b, vocabulary, vocabulary_f
             source=seqio.TextLineDataSource({"validation": str(path)}),
             preprocessors=[
                 functools.partial(text.parse_tsv, field_names=("inputs", "targets")),
-                seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim,
+                seqio.preprocessors.tokenize,
+                seqio.preprocessors.append_eos_after_trim,
             ],
             output_features=text.output_features(vocabulary),
             metric_fns=[metrics.accuracy, mean_log_likelihood],
         )
     assert targets[TASKS[0]] != targets[TASKS[1]]
-    model_dir = write_model_dir(root / "run", config,
-                                {step: params[key] for step, key in STEPS.items()}, vocabulary_file)
+    model_dir = write_model_dir(
+        root / "run", config, {step: params[key] for step, key in STEPS.items()}, vocabulary_file
+    )
     return model, params, model_dir, paths
 
 
@@ -71,21 +73,37 @@ def test_evaluator_returns_flat_task_metrics(setup, vocabulary):
     model, params, _, paths = setup
     lines = []
     lengths = {"inputs": 64, "targets": 32}
-    evaluator = evaluation.Evaluator(model, list(TASKS), batch_size=2, task_feature_lengths=lengths,
-                                     max_decode_length=LENGTH, console=lines.append)
+    evaluator = evaluation.Evaluator(
+        model,
+        list(TASKS),
+        batch_size=2,
+        task_feature_lengths=lengths,
+        max_decode_length=LENGTH,
+        console=lines.append,
+    )
     result = evaluator(params["a"], 7)
-    assert sorted(result) == sorted(f"{t}/{m}" for t in TASKS
-                                    for m in ("accuracy", "mean_log_likelihood"))
+    assert sorted(result) == sorted(
+        f"{t}/{m}" for t in TASKS for m in ("accuracy", "mean_log_likelihood")
+    )
     assert result["eval_test_a/accuracy"] == 100.0
     assert result["eval_test_b/accuracy"] < 100.0
     # The score metric sees the targets' log-likelihoods, as the predictor computes them.
     for task in TASKS:
         examples = inference.read_examples(str(paths[task]))
-        scores = [r["score"] for r in inference.score_examples(
-            evaluator.predictor, params["a"], vocabulary, examples,
-            inputs_length=lengths["inputs"], targets_length=lengths["targets"])]
-        np.testing.assert_allclose(result[f"{task}/mean_log_likelihood"], np.mean(scores),
-                                   rtol=1e-5)
+        scores = [
+            r["score"]
+            for r in inference.score_examples(
+                evaluator.predictor,
+                params["a"],
+                vocabulary,
+                examples,
+                inputs_length=lengths["inputs"],
+                targets_length=lengths["targets"],
+            )
+        ]
+        np.testing.assert_allclose(
+            result[f"{task}/mean_log_likelihood"], np.mean(scores), rtol=1e-5
+        )
     assert evaluator.history == {7: result}
     assert "eval step 7" in lines[0] and "eval_test_a" in lines[0]
 
@@ -93,9 +111,16 @@ def test_evaluator_returns_flat_task_metrics(setup, vocabulary):
 def test_eval_over_a_model_dir_picks_the_best_checkpoint_per_task(setup, capsys):
     model_dir = setup[2]
     # gin/runs/eval.gin evaluates every checkpoint; flags override its other bindings.
-    code = cli.main(["eval", "--gin_file=gin/runs/eval.gin", f"--gin.MODEL_DIR='{model_dir}'",
-                     f"--gin.t2t.runs.evaluate.tasks={list(TASKS)!r}", "--batch_size=4",
-                     f"--max_decode_length={LENGTH}"])
+    code = cli.main(
+        [
+            "eval",
+            "--gin_file=gin/runs/eval.gin",
+            f"--gin.MODEL_DIR='{model_dir}'",
+            f"--gin.t2t.runs.evaluate.tasks={list(TASKS)!r}",
+            "--batch_size=4",
+            f"--max_decode_length={LENGTH}",
+        ]
+    )
     assert code == 0
     with open(os.path.join(model_dir, "eval", evaluation.RESULTS_FILE)) as f:
         results = json.load(f)
@@ -132,10 +157,17 @@ def test_best_checkpoints_average_metric_pairs_and_minimize_losses():
 
 
 def test_glue_average_of_best_checkpoints():
-    tasks = {"cola": ["matthews_corrcoef"], "sst2": ["accuracy"], "mrpc": ["accuracy", "f1"],
-             "stsb": ["pearson_corrcoef", "spearman_corrcoef"], "qqp": ["accuracy", "f1"],
-             "mnli_matched": ["accuracy"], "mnli_mismatched": ["accuracy"], "qnli": ["accuracy"],
-             "rte": ["accuracy"]}
+    tasks = {
+        "cola": ["matthews_corrcoef"],
+        "sst2": ["accuracy"],
+        "mrpc": ["accuracy", "f1"],
+        "stsb": ["pearson_corrcoef", "spearman_corrcoef"],
+        "qqp": ["accuracy", "f1"],
+        "mnli_matched": ["accuracy"],
+        "mnli_mismatched": ["accuracy"],
+        "qnli": ["accuracy"],
+        "rte": ["accuracy"],
+    }
     # Step 1 is best for every task but CoLA, whose best (40) is at step 2.
     history = {1: {}, 2: {}}
     for task, names in tasks.items():
@@ -153,8 +185,9 @@ def test_glue_average_of_best_checkpoints():
 
 @pytest.mark.parametrize("gin_flags", [[], ["--gin_file=gin/runs/eval.gin"]])
 def test_eval_step_flag_overrides_gin_and_explains_a_missing_step(setup, capsys, gin_flags):
-    code = cli.main(["eval", *gin_flags, f"--model_dir={setup[2]}", f"--tasks={TASKS[0]}",
-                     "--step=150"])
+    code = cli.main(
+        ["eval", *gin_flags, f"--model_dir={setup[2]}", f"--tasks={TASKS[0]}", "--step=150"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "no checkpoint of step 150; saved steps: [100, 200, 300]" in err
@@ -172,8 +205,9 @@ def label_task(setup, vocabulary, tmp_path_factory):
     model, params, _, _ = setup
     predictor = inference.Predictor(model, batch_size=4)
     pairs = [{"inputs": sentence, "targets": label} for sentence in INPUTS for label in LABELS]
-    encoded, lengths = inference.encode_examples(pairs, vocabulary, inputs_length=64,
-                                                 targets_length=8)
+    encoded, lengths = inference.encode_examples(
+        pairs, vocabulary, inputs_length=64, targets_length=8
+    )
     examples = inference.convert(model, encoded, lengths)
     scores = np.array(predictor.score(params["a"], examples)).reshape(len(INPUTS), len(LABELS))
     targets = [LABELS[i] for i in scores.argmax(axis=1)]
@@ -182,18 +216,30 @@ def label_task(setup, vocabulary, tmp_path_factory):
     name = "eval_test_labels"
     seqio.TaskRegistry.remove(name)
     seqio.TaskRegistry.add(
-        name, source=seqio.TextLineDataSource({"validation": str(path)}),
-        preprocessors=[functools.partial(text.parse_tsv, field_names=("inputs", "targets")),
-                       seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim],
-        output_features=text.output_features(vocabulary), metric_fns=[metrics.accuracy])
+        name,
+        source=seqio.TextLineDataSource({"validation": str(path)}),
+        preprocessors=[
+            functools.partial(text.parse_tsv, field_names=("inputs", "targets")),
+            seqio.preprocessors.tokenize,
+            seqio.preprocessors.append_eos_after_trim,
+        ],
+        output_features=text.output_features(vocabulary),
+        metric_fns=[metrics.accuracy],
+    )
     return name, targets
 
 
 def test_rank_classification_picks_the_likeliest_label(setup, label_task, vocabulary):
     model, params, _, _ = setup
     name, targets = label_task
-    evaluator = evaluation.Evaluator(model, [name], batch_size=2, console=None,
-                                     rank_classification=True, max_decode_length=LENGTH)
+    evaluator = evaluation.Evaluator(
+        model,
+        [name],
+        batch_size=2,
+        console=None,
+        rank_classification=True,
+        max_decode_length=LENGTH,
+    )
     seen = {vocabulary.decode([t for t in row if t > 1]) for row in evaluator.candidates(name)}
     assert seen == set(targets)  # the labels of the split, nothing else
     assert evaluator(params["a"], 1)[f"{name}/accuracy"] == 100.0
@@ -212,17 +258,40 @@ def test_t2t_eval_evaluates_an_ensemble_and_ranks_labels(setup, label_task, caps
     _, _, model_dir, _ = setup
     name, _ = label_task
     # Checkpoint 200 holds A: an ensemble of it with itself is A; with 100 (B) it is not.
-    assert cli.main(["eval", f"--model_dir={model_dir}", f"--tasks={TASKS[0]},{name}",
-                     "--checkpoints=200,200", f"--rank_classification={name}",
-                     f"--max_decode_length={LENGTH}", "--batch_size=2"]) == 0
-    written = json.loads(open(os.path.join(model_dir, "eval",
-                                           evaluation.ENSEMBLE_RESULTS_FILE)).read())
+    assert (
+        cli.main(
+            [
+                "eval",
+                f"--model_dir={model_dir}",
+                f"--tasks={TASKS[0]},{name}",
+                "--checkpoints=200,200",
+                f"--rank_classification={name}",
+                f"--max_decode_length={LENGTH}",
+                "--batch_size=2",
+            ]
+        )
+        == 0
+    )
+    written = json.loads(
+        open(os.path.join(model_dir, "eval", evaluation.ENSEMBLE_RESULTS_FILE)).read()
+    )
     assert written["members"] == [f"{model_dir}:200", f"{model_dir}:200"]
     assert written["metrics"][f"{TASKS[0]}/accuracy"] == 100.0
     assert written["metrics"][f"{name}/accuracy"] == 100.0
-    assert cli.main(["eval", f"--model_dir={model_dir}", f"--tasks={TASKS[0]}",
-                     "--checkpoints=200,100", f"--max_decode_length={LENGTH}"]) == 0
-    mixed = json.loads(open(os.path.join(model_dir, "eval",
-                                         evaluation.ENSEMBLE_RESULTS_FILE)).read())
+    assert (
+        cli.main(
+            [
+                "eval",
+                f"--model_dir={model_dir}",
+                f"--tasks={TASKS[0]}",
+                "--checkpoints=200,100",
+                f"--max_decode_length={LENGTH}",
+            ]
+        )
+        == 0
+    )
+    mixed = json.loads(
+        open(os.path.join(model_dir, "eval", evaluation.ENSEMBLE_RESULTS_FILE)).read()
+    )
     assert mixed["members"][1] == f"{model_dir}:100"
     assert "ensemble" not in capsys.readouterr().err.lower()

@@ -34,8 +34,9 @@ def predictor(model):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, config, params_a, params_b, vocabulary_file):
-    return write_model_dir(tmp_path_factory.mktemp("run"), config, {10: params_a, 20: params_b},
-                           vocabulary_file)
+    return write_model_dir(
+        tmp_path_factory.mktemp("run"), config, {10: params_a, 20: params_b}, vocabulary_file
+    )
 
 
 def _input_ids(vocabulary):
@@ -45,34 +46,50 @@ def _input_ids(vocabulary):
 def _write_jsonl(path, with_targets=True):
     with open(path, "w") as f:
         for text, target in TEXTS:
-            f.write(json.dumps({"inputs": text, **({"targets": target} if with_targets else {})})
-                    + "\n")
+            f.write(
+                json.dumps({"inputs": text, **({"targets": target} if with_targets else {})}) + "\n"
+            )
 
 
-def test_infer_jsonl_writes_inputs_predictions_and_targets(model_dir, model, params_b,
-                                                           vocabulary, tmp_path):
+def test_infer_jsonl_writes_inputs_predictions_and_targets(
+    model_dir, model, params_b, vocabulary, tmp_path
+):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write_jsonl(source)
-    code = cli.main(["infer", "--gin_file=gin/runs/infer.gin", f"--gin.MODEL_DIR='{model_dir}'",
-                     f"--input_file={source}", f"--output_file={output}", "--batch_size=2",
-                     f"--max_decode_length={LENGTH}"])  # the latest step: params_b
+    code = cli.main(
+        [
+            "infer",
+            "--gin_file=gin/runs/infer.gin",
+            f"--gin.MODEL_DIR='{model_dir}'",
+            f"--input_file={source}",
+            f"--output_file={output}",
+            "--batch_size=2",
+            f"--max_decode_length={LENGTH}",
+        ]
+    )  # the latest step: params_b
     assert code == 0
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(records) == len(TEXTS)
     expected = uncached_greedy(model, [params_b], _input_ids(vocabulary), LENGTH)
     for record, (text, target), tokens in zip(records, TEXTS, expected):
-        assert record == {"inputs": text, "target": target,
-                          "prediction": vocabulary.decode(tokens)}
+        assert record == {"inputs": text, "target": target, "prediction": vocabulary.decode(tokens)}
         assert record["prediction"]  # a non-empty text, so the comparison above means something
 
 
-def test_infer_first_cache_length_reaches_the_predictor(model_dir, model, params_b, vocabulary,
-                                                        tmp_path, capsys):
+def test_infer_first_cache_length_reaches_the_predictor(
+    model_dir, model, params_b, vocabulary, tmp_path, capsys
+):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write_jsonl(source)
-    args = ["infer", "--gin_file=gin/runs/infer.gin", f"--gin.MODEL_DIR='{model_dir}'",
-            f"--input_file={source}", f"--output_file={output}", "--batch_size=2",
-            f"--max_decode_length={LENGTH}"]
+    args = [
+        "infer",
+        "--gin_file=gin/runs/infer.gin",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        f"--input_file={source}",
+        f"--output_file={output}",
+        "--batch_size=2",
+        f"--max_decode_length={LENGTH}",
+    ]
     assert cli.main(args + ["--first_cache_length=0"]) == 2
     assert "Expected first_cache_length to be a positive int, got 0" in capsys.readouterr().err
     # Phases of 2, 4 and 6 cached positions: the same tokens as decoding without a cache.
@@ -89,30 +106,36 @@ def test_tsv_without_targets_gives_the_same_predictions(predictor, params_a, voc
     assert examples == [{"inputs": text} for text, _ in TEXTS]
     records = inference.predict_examples(predictor, params_a, vocabulary, examples)
     labeled = inference.predict_examples(
-        predictor, params_a, vocabulary, [{"inputs": t, "targets": g} for t, g in TEXTS])
+        predictor, params_a, vocabulary, [{"inputs": t, "targets": g} for t, g in TEXTS]
+    )
     assert [sorted(r) for r in records] == [["inputs", "prediction"]] * len(TEXTS)
     assert [r["prediction"] for r in records] == [r["prediction"] for r in labeled]
 
 
 def test_scores_equal_score_batch(predictor, model, params_a, vocabulary):
-    records = inference.score_examples(predictor, params_a, vocabulary,
-                                       [{"inputs": t, "targets": g} for t, g in TEXTS])
+    records = inference.score_examples(
+        predictor, params_a, vocabulary, [{"inputs": t, "targets": g} for t, g in TEXTS]
+    )
     inputs = np.zeros((len(TEXTS), 64), np.int32)  # padded wider than the predictor's rows
     targets = np.zeros((len(TEXTS), 16), np.int32)
     for row, (text, target) in enumerate(TEXTS):
         ids, target_ids = list(vocabulary.encode(text)) + [1], list(vocabulary.encode(target)) + [1]
         inputs[row, : len(ids)], targets[row, : len(target_ids)] = ids, target_ids
-    batch = {"encoder_input_tokens": inputs, "decoder_target_tokens": targets,
-             "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-             "decoder_loss_weights": (targets > 0).astype(np.int32)}
+    batch = {
+        "encoder_input_tokens": inputs,
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+        "decoder_loss_weights": (targets > 0).astype(np.int32),
+    }
     expected = np.asarray(jax.jit(model.score_batch)(params_a, batch))
     np.testing.assert_allclose([r["score"] for r in records], expected, rtol=1e-5)
     assert [r["target"] for r in records] == [g for _, g in TEXTS]
     assert len(set(np.round(expected, 3))) == len(TEXTS)  # different targets, different scores
 
 
-def test_ensemble_of_identical_checkpoints_is_the_single_model(predictor, model, params_a,
-                                                                vocabulary):
+def test_ensemble_of_identical_checkpoints_is_the_single_model(
+    predictor, model, params_a, vocabulary
+):
     examples = [{"inputs": text} for text, _ in TEXTS]
     single = inference.predict_examples(predictor, params_a, vocabulary, examples)
     doubled = inference.predict_examples(predictor, (params_a, params_a), vocabulary, examples)
@@ -121,8 +144,10 @@ def test_ensemble_of_identical_checkpoints_is_the_single_model(predictor, model,
 
 def test_ensemble_of_two_averages_logits(predictor, model, params_a, params_b, vocabulary):
     examples = [{"inputs": text} for text, _ in TEXTS]
-    ensemble = [r["prediction"] for r in
-                inference.predict_examples(predictor, (params_a, params_b), vocabulary, examples)]
+    ensemble = [
+        r["prediction"]
+        for r in inference.predict_examples(predictor, (params_a, params_b), vocabulary, examples)
+    ]
     expected = uncached_greedy(model, [params_a, params_b], _input_ids(vocabulary), LENGTH)
     assert ensemble == [vocabulary.decode(tokens) for tokens in expected]
     for params in (params_a, params_b):
@@ -135,7 +160,8 @@ def test_ensemble_members_from_model_dir_steps(model_dir, params_a, params_b):
     assert loaded.step == 10 and len(params) == 2
     np.testing.assert_array_equal(
         params[1].to_pure_dict()["decoder"]["logits_dense"]["kernel"],
-        params_b.to_pure_dict()["decoder"]["logits_dense"]["kernel"])
+        params_b.to_pure_dict()["decoder"]["logits_dense"]["kernel"],
+    )
     loaded, params = model_dir_lib.load_members(None, [f"{model_dir}@10"])
     assert loaded.step == 10
     assert model_dir_lib.parse_member("/runs/b", None) == ("/runs/b", None)
@@ -155,7 +181,8 @@ def test_task_records_carry_task_inputs_targets(predictor, model, params_a, voca
         source=seqio.TextLineDataSource({"validation": str(path)}),
         preprocessors=[
             functools.partial(text.parse_tsv, field_names=("inputs", "targets")),
-            seqio.preprocessors.tokenize, seqio.preprocessors.append_eos_after_trim,
+            seqio.preprocessors.tokenize,
+            seqio.preprocessors.append_eos_after_trim,
         ],
         output_features=text.output_features(vocabulary),
     )
@@ -166,16 +193,21 @@ def test_task_records_carry_task_inputs_targets(predictor, model, params_a, voca
         for (t, g), tokens in zip(TEXTS, expected)
     ]
     scored = list(inference.task_records(predictor, params_a, name, mode="score"))
-    direct = inference.score_examples(predictor, params_a, vocabulary,
-                                      [{"inputs": t, "targets": g} for t, g in TEXTS])
-    np.testing.assert_allclose([r["score"] for r in scored], [r["score"] for r in direct],
-                               rtol=1e-5)
+    direct = inference.score_examples(
+        predictor, params_a, vocabulary, [{"inputs": t, "targets": g} for t, g in TEXTS]
+    )
+    np.testing.assert_allclose(
+        [r["score"] for r in scored], [r["score"] for r in direct], rtol=1e-5
+    )
 
 
-@pytest.mark.parametrize("content,match", [
-    ('{"inputs": "a"}\n{"input": "b"}\n', r"in\.jsonl:2: expected"),
-    ('{"inputs": "a"}\nnot json\n', r"in\.jsonl:2: not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ('{"inputs": "a"}\n{"input": "b"}\n', r"in\.jsonl:2: expected"),
+        ('{"inputs": "a"}\nnot json\n', r"in\.jsonl:2: not a JSON object"),
+    ],
+)
 def test_malformed_input_files_name_the_line(tmp_path, content, match):
     path = tmp_path / "in.jsonl"
     path.write_text(content)
@@ -190,12 +222,14 @@ def test_sharded_prediction_equals_single_device(model_dir, predictor, vocabular
     loaded, params = model_dir_lib.load_members(model_dir, step=10, partitioner=partitioner)
     kernel = params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert len(kernel.sharding.device_set) == 8  # restored straight into the mesh
-    sharded = inference.Predictor(loaded.model, batch_size=4, max_decode_length=LENGTH,
-                                  partitioner=partitioner)
+    sharded = inference.Predictor(
+        loaded.model, batch_size=4, max_decode_length=LENGTH, partitioner=partitioner
+    )
     examples = [{"inputs": text} for text, _ in TEXTS]
     single, _ = model_dir_lib.load_members(model_dir, step=10)
-    assert (inference.predict_examples(sharded, params, vocabulary, examples)
-            == inference.predict_examples(predictor, single.params, vocabulary, examples))
+    assert inference.predict_examples(
+        sharded, params, vocabulary, examples
+    ) == inference.predict_examples(predictor, single.params, vocabulary, examples)
 
 
 def test_decoding_flags_reach_the_run_as_one_config(monkeypatch, tmp_path):
@@ -203,9 +237,22 @@ def test_decoding_flags_reach_the_run_as_one_config(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setattr(runs, "infer", lambda **kwargs: seen.update(kwargs))
-    assert cli.main(["infer", f"--model_dir={tmp_path}", "--input_file=in.jsonl",
-                     "--output_file=out.jsonl", "--beam_size=3", "--beam_rule=hf",
-                     "--top_k=5", "--batch_size=2"]) == 0
+    assert (
+        cli.main(
+            [
+                "infer",
+                f"--model_dir={tmp_path}",
+                "--input_file=in.jsonl",
+                "--output_file=out.jsonl",
+                "--beam_size=3",
+                "--beam_rule=hf",
+                "--top_k=5",
+                "--batch_size=2",
+            ]
+        )
+        == 0
+    )
     assert seen["decoding_config"] == decoding.DecodingConfig(
-        method="beam", beam_size=3, beam_rule="hf", top_k=5)
+        method="beam", beam_size=3, beam_rule="hf", top_k=5
+    )
     assert seen["batch_size"] == 2 and "beam_size" not in seen

@@ -46,28 +46,61 @@ def released(tmp_path_factory, config, vocabulary_file):
     model_dir = write_model_dir(root / "run", config, {500: params}, vocabulary_file)
     os.makedirs(os.path.join(model_dir, "eval"))
     with open(os.path.join(model_dir, "eval", "results.json"), "w") as f:
-        json.dump({"split": "validation", "steps": {"500": {"eval_x/accuracy": 61.5}},
-                   "best": {"tasks": {"eval_x": {"best_step": 500, "score": 61.5,
-                                                 "metrics": {"accuracy": 61.5}}},
-                            "averages": {}}}, f)
+        json.dump(
+            {
+                "split": "validation",
+                "steps": {"500": {"eval_x/accuracy": 61.5}},
+                "best": {
+                    "tasks": {
+                        "eval_x": {"best_step": 500, "score": 61.5, "metrics": {"accuracy": 61.5}}
+                    },
+                    "averages": {},
+                },
+            },
+            f,
+        )
     output = str(root / "t2t-tiny-release")
-    assert cli.main(["export", "--gin_file=gin/runs/export.gin", f"--gin.MODEL_DIR='{model_dir}'",
-                     f"--output_dir={output}"]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                "--gin_file=gin/runs/export.gin",
+                f"--gin.MODEL_DIR='{model_dir}'",
+                f"--output_dir={output}",
+            ]
+        )
+        == 0
+    )
     return output, params
 
 
 def test_release_files_and_model_card(released, config):
     output, _ = released
-    assert sorted(os.listdir(output)) == sorted([
-        "README.md", "config.gin", "config.json", "generation_config.json", "model.safetensors",
-        "special_tokens_map.json", "spiece.model", "t2t_metadata.json", "tokenizer_config.json"])
+    assert sorted(os.listdir(output)) == sorted(
+        [
+            "README.md",
+            "config.gin",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "special_tokens_map.json",
+            "spiece.model",
+            "t2t_metadata.json",
+            "tokenizer_config.json",
+        ]
+    )
     card = open(os.path.join(output, "README.md")).read()
-    num_params = sum(int(np.prod(x.shape)) for x in
-                     jax.tree.leaves(models.model_for(config).abstract_params()))
-    for expected in (f"| parameters | {num_params:,} |", "| steps | 500 |",
-                     "| tokens seen | 500,000 |", "| training data | builtin_span_corruption |",
-                     "| eval_x | 500 | accuracy 61.50 | accuracy 61.50 |",
-                     "T5ForConditionalGeneration.from_pretrained"):
+    num_params = sum(
+        int(np.prod(x.shape)) for x in jax.tree.leaves(models.model_for(config).abstract_params())
+    )
+    for expected in (
+        f"| parameters | {num_params:,} |",
+        "| steps | 500 |",
+        "| tokens seen | 500,000 |",
+        "| training data | builtin_span_corruption |",
+        "| eval_x | 500 | accuracy 61.50 | accuracy 61.50 |",
+        "T5ForConditionalGeneration.from_pretrained",
+    ):
         assert expected in card
     assert json.load(open(os.path.join(output, "t2t_metadata.json")))["step"] == 500
 
@@ -84,14 +117,15 @@ def test_hf_loads_the_release_and_decodes_like_t2t(released, config, vocabulary)
     assert tokenizer.convert_tokens_to_ids("<extra_id_0>") == NUM_PIECES + 99
     batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
     with torch.no_grad():
-        generated = hf_model.generate(**batch, max_new_tokens=LENGTH, do_sample=False,
-                                      num_beams=1)
+        generated = hf_model.generate(**batch, max_new_tokens=LENGTH, do_sample=False, num_beams=1)
     hf_texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
 
-    predictor = inference.Predictor(models.model_for(config), batch_size=4,
-                                    max_decode_length=LENGTH)
-    records = inference.predict_examples(predictor, params, vocabulary,
-                                         [{"inputs": t} for t in TEXTS])
+    predictor = inference.Predictor(
+        models.model_for(config), batch_size=4, max_decode_length=LENGTH
+    )
+    records = inference.predict_examples(
+        predictor, params, vocabulary, [{"inputs": t} for t in TEXTS]
+    )
     assert hf_texts == [r["prediction"] for r in records]
     assert len(set(hf_texts)) == len(TEXTS) and all(hf_texts)  # varied, non-empty outputs
 
@@ -100,8 +134,9 @@ def test_hf_loads_the_release_and_decodes_like_t2t(released, config, vocabulary)
 def test_architectures_without_a_hf_t5_layout_are_refused(tmp_path, vocabulary_file, architecture):
     extra = {"num_encoder_layers": 0} if architecture == "decoder_only" else {}
     config = tiny_config(architecture=architecture, **extra)
-    model_dir = write_model_dir(tmp_path / "run", config, {1: random_params(config, 0)},
-                                vocabulary_file)
+    model_dir = write_model_dir(
+        tmp_path / "run", config, {1: random_params(config, 0)}, vocabulary_file
+    )
     with pytest.raises(ValueError, match="T5ForConditionalGeneration holds only the plain"):
         release.export(model_dir, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")

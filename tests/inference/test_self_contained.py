@@ -27,11 +27,22 @@ def test_a_copied_model_dir_infers_with_no_flags(tmp_path, config, params_b, voc
     shutil.rmtree(run)
     shutil.rmtree(elsewhere)  # the recorded path no longer exists anywhere
     assert model_dir_lib.ModelDir(str(moved)).vocabulary_file()[0] == str(
-        moved / model_dir_lib.VOCABULARY_FILE)
+        moved / model_dir_lib.VOCABULARY_FILE
+    )
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text(json.dumps({"inputs": "def f(x): return x"}) + "\n")
-    assert cli.main(["infer", f"--model_dir={moved}", f"--input_file={source}",
-                     f"--output_file={output}", "--max_decode_length=4"]) == 0
+    assert (
+        cli.main(
+            [
+                "infer",
+                f"--model_dir={moved}",
+                f"--input_file={source}",
+                f"--output_file={output}",
+                "--max_decode_length=4",
+            ]
+        )
+        == 0
+    )
     (record,) = [json.loads(line) for line in output.read_text().splitlines()]
     assert "prediction" in record
 
@@ -48,6 +59,7 @@ def test_a_hf_directory_tokenizer_is_the_runs_tokenizer(tmp_path, vocabulary_fil
     (hf / "config.json").write_text("{}")
     shutil.copyfile(vocabulary_file, hf / "spiece.model")
     assert runs.use_carried_vocabulary(str(tmp_path / "new_run"), str(hf)) == str(
-        hf / "spiece.model")
+        hf / "spiece.model"
+    )
     assert vocab.default_vocabulary().sentencepiece_model_file == str(hf / "spiece.model")
     assert runs.use_carried_vocabulary(str(tmp_path / "new_run")) is None  # nothing carried

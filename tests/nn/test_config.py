@@ -89,7 +89,11 @@ def test_decoder_only_state_names():
     state = _abstract_params(config).to_pure_dict()
     assert set(state) == {"token_embedder", "decoder"}
     assert set(state["decoder"]["layers_1"]) == {
-        "pre_self_attention_layer_norm", "self_attention", "pre_mlp_layer_norm", "mlp"}
+        "pre_self_attention_layer_norm",
+        "self_attention",
+        "pre_mlp_layer_norm",
+        "mlp",
+    }
 
 
 def test_get_preset_overrides_and_unknown_names():

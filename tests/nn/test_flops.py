@@ -77,8 +77,7 @@ def _traced_forward_flops(config, batch, input_length, target_length):
         ("tiny", {"architecture": "prefix_lm", "num_encoder_layers": 0}, 5, 16),
     ],
 )
-def test_counter_equals_matmuls_of_the_traced_network(name, overrides, input_length,
-                                                      target_length):
+def test_counter_equals_matmuls_of_the_traced_network(name, overrides, input_length, target_length):
     config = tn.get_preset(name, **overrides)
     traced = _traced_forward_flops(config, 2, input_length, target_length)
     assert traced == 2 * flops.forward_flops(config, input_length, target_length)

@@ -57,8 +57,10 @@ def test_initializer_scales():
     config = tn.get_preset("t5_small")
     keys = layers.ParamKeys(nnx.Rngs(0))
     attention = MultiHeadAttention(config, rngs=keys)
-    std = {name: float(np.std(np.asarray(getattr(attention, name).kernel[...])))
-           for name in ("query", "key", "out")}
+    std = {
+        name: float(np.std(np.asarray(getattr(attention, name).kernel[...])))
+        for name in ("query", "key", "out")
+    }
     # NOTE: T5 folds 1/sqrt(d_kv) into the query init: std (d_model * d_kv)**-0.5.
     assert std["query"] == pytest.approx((512 * 64) ** -0.5, rel=0.05)
     assert std["key"] == pytest.approx(512**-0.5, rel=0.05)
@@ -88,8 +90,10 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(make_model):
     @jax.jit
     def forward(state):
         tokens, decoder_tokens = jnp.array([[4, 5, 6, 1]]), jnp.array([[0, 7, 8]])
-        return (nnx.merge(graphdef, state)(tokens, decoder_tokens),
-                nnx.merge(reference_graphdef, state)(tokens, decoder_tokens))
+        return (
+            nnx.merge(graphdef, state)(tokens, decoder_tokens),
+            nnx.merge(reference_graphdef, state)(tokens, decoder_tokens),
+        )
 
     logits, reference = forward(state)
     assert logits.dtype == jnp.float32
@@ -125,8 +129,9 @@ def test_kernel_first_steps_give_the_same_products_with_the_kernel_on_the_left()
     """After `prepare_for_steps`, a Dense computes (kernel^T x^T)^T and tied logits (table
     x^T)^T: the same values, and the compiled dot keeps the kernel first ([out, rows])."""
     config = CONFIG.replace(d_ff=16)
-    dense = layers.Dense(8, 16, names=("embed", "mlp"), config=config,
-                         init=layers.fan_in_init(), rngs=nnx.Rngs(0))
+    dense = layers.Dense(
+        8, 16, names=("embed", "mlp"), config=config, init=layers.fan_in_init(), rngs=nnx.Rngs(0)
+    )
     embed = layers.Embed(config, rngs=nnx.Rngs(1))
     x = jnp.asarray(np.random.RandomState(4).randn(3, 1, 8).astype(np.float32))
 
@@ -144,7 +149,8 @@ def test_kernel_first_steps_give_the_same_products_with_the_kernel_on_the_left()
     for module, method, out_features in ((dense, "__call__", 16), (embed, "attend", 32)):
         usual, state = apply(module, method, prepare=False)
         first, _ = apply(module, method, prepare=True)
-        np.testing.assert_allclose(jax.jit(first)(state, x), jax.jit(usual)(state, x),
-                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(
+            jax.jit(first)(state, x), jax.jit(usual)(state, x), rtol=1e-6, atol=1e-6
+        )
         assert _dot_outputs(usual, state, x) == [f"f32[3,{out_features}]"]
         assert _dot_outputs(first, state, x) == [f"f32[{out_features},3]"]

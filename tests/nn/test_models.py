@@ -20,8 +20,16 @@ def config(architecture="encoder_decoder", **overrides):
     if architecture in ("decoder_only", "prefix_lm"):
         overrides.setdefault("num_encoder_layers", 0)
     # dropout_rate > 0 so the tests also check that rngs=None is deterministic.
-    return tn.get_preset("tiny", vocab_size=VOCAB, d_model=64, d_ff=128, d_kv=16,
-                         architecture=architecture, dropout_rate=0.1, **overrides)
+    return tn.get_preset(
+        "tiny",
+        vocab_size=VOCAB,
+        d_model=64,
+        d_ff=128,
+        d_kv=16,
+        architecture=architecture,
+        dropout_rate=0.1,
+        **overrides,
+    )
 
 
 class Jitted:
@@ -79,7 +87,7 @@ def test_cached_decoding_equals_teacher_forcing_encoder_decoder(encdec):
     assert all(leaf.shape[0] == 3 for leaf in jax.tree.leaves(cache))  # cache contract
     step = encdec.decode_step
     for t in range(8):
-        logits, cache = step(decoder_inputs[:, t:t + 1], cache)
+        logits, cache = step(decoder_inputs[:, t : t + 1], cache)
         np.testing.assert_allclose(logits, full[:, t], atol=2e-5)
     np.testing.assert_array_equal(cache["index"], [8, 8, 8])
 
@@ -101,7 +109,7 @@ def test_cached_decoding_in_a_growing_cache_equals_teacher_forcing(encdec):
     for t in range(8):
         if t in (2, 4):
             cache = resize(cache, 2 * t)
-        logits, cache = encdec.decode_step(decoder_inputs[:, t:t + 1], cache)
+        logits, cache = encdec.decode_step(decoder_inputs[:, t : t + 1], cache)
         np.testing.assert_allclose(logits, full[:, t], atol=2e-5)
     assert cache["layers_0"]["self_key"].shape[2] == 8
     with pytest.raises(ValueError, match="cache length >= 1"):
@@ -123,7 +131,7 @@ def _steps(model, prepare: bool, length: int):
             assert layer.encoder_decoder_attention.key.step_kernel is None  # used before steps
         logits = []
         for t in range(length):
-            step_logits, cache = module.decode_step(decoder_inputs[:, t:t + 1], cache)
+            step_logits, cache = module.decode_step(decoder_inputs[:, t : t + 1], cache)
             logits.append(step_logits)
         return jnp.stack(logits, axis=1)
 
@@ -137,8 +145,9 @@ def test_kernel_first_steps_equal_teacher_forcing_encoder_decoder(encdec):
     decoder_inputs = random_tokens(1, (3, 6)).at[:, 0].set(0)
     full = encdec.__call__(inputs, decoder_inputs)
     for prepare in (True, False):
-        np.testing.assert_allclose(_steps(encdec, prepare, 6)(inputs, decoder_inputs), full,
-                                   atol=2e-5)
+        np.testing.assert_allclose(
+            _steps(encdec, prepare, 6)(inputs, decoder_inputs), full, atol=2e-5
+        )
 
 
 def test_beam_rows_read_one_shared_copy_of_the_cross_attention_cache(encdec):
@@ -151,8 +160,8 @@ def test_beam_rows_read_one_shared_copy_of_the_cross_attention_cache(encdec):
     repeated = jax.tree.map(lambda leaf: jnp.repeat(leaf, 2, axis=0), cache)
     tokens = random_tokens(5, (6, 4))
     for t in range(4):
-        got, beams = encdec.decode_step(tokens[:, t:t + 1], beams)
-        want, repeated = encdec.decode_step(tokens[:, t:t + 1], repeated)
+        got, beams = encdec.decode_step(tokens[:, t : t + 1], beams)
+        want, repeated = encdec.decode_step(tokens[:, t : t + 1], repeated)
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -164,8 +173,9 @@ def test_cached_decoding_after_a_prompt_equals_teacher_forcing_decoder_only(lm):
     if lm.config.architecture == "prefix_lm":
         causal_attention = (jnp.arange(length)[None] < prompt_lengths[:, None]).astype(jnp.int32)
     full = lm.__call__(sequence, None, None, causal_attention)
-    prompt = jnp.where(jnp.arange(prompt_length)[None] < prompt_lengths[:, None],
-                       sequence[:, :prompt_length], 0)
+    prompt = jnp.where(
+        jnp.arange(prompt_length)[None] < prompt_lengths[:, None], sequence[:, :prompt_length], 0
+    )
     prompt_attention = None if causal_attention is None else causal_attention[:, :prompt_length]
     init = lm.bind("init_cache", max_decode_length=length)
     cache = init(prompt, prompt_lengths=prompt_lengths, decoder_causal_attention=prompt_attention)
@@ -193,13 +203,16 @@ def test_kernel_first_steps_after_a_prompt_equal_teacher_forcing_decoder_only(lm
     def run(state):
         module = nnx.merge(graphdef, state)
         cache = module.init_cache(
-            sequence[:, :prompt_length], length,
-            decoder_causal_attention=None if causal_attention is None
-            else causal_attention[:, :prompt_length])
+            sequence[:, :prompt_length],
+            length,
+            decoder_causal_attention=None
+            if causal_attention is None
+            else causal_attention[:, :prompt_length],
+        )
         module.prepare_for_steps()
         logits = []
         for t in range(prompt_length, length):
-            step_logits, cache = module.decode_step(sequence[:, t:t + 1], cache)
+            step_logits, cache = module.decode_step(sequence[:, t : t + 1], cache)
             logits.append(step_logits)
         return jnp.stack(logits, axis=1)
 
@@ -212,15 +225,17 @@ def test_empty_prompt_decodes_from_index_zero(lm):
     cache = lm.bind("init_cache", max_decode_length=12)(sequence[:, :0])
     np.testing.assert_array_equal(cache["index"], [0, 0, 0])
     for t in range(4):
-        logits, cache = lm.decode_step(sequence[:, t:t + 1], cache)
+        logits, cache = lm.decode_step(sequence[:, t : t + 1], cache)
         np.testing.assert_allclose(logits, full[:, t], atol=2e-5)
 
 
 def _per_example_loss(logits, targets, segment_ids, num_segments):
     token_loss, _ = losses.cross_entropy_with_z_loss(logits, targets, z_loss=1e-4)
     weights = (targets > 0).astype(jnp.float32)
-    return [float(jnp.sum(token_loss * weights * (segment_ids == s))) for s in
-            range(1, num_segments + 1)]
+    return [
+        float(jnp.sum(token_loss * weights * (segment_ids == s)))
+        for s in range(1, num_segments + 1)
+    ]
 
 
 def test_packed_batch_gives_each_examples_loss_encoder_decoder(encdec):
@@ -276,8 +291,11 @@ def test_prefix_positions_see_later_prefix_tokens_only_in_prefix_lm(lm):
 def test_extra_encoder_padding_changes_nothing(encdec):
     inputs = random_tokens(5, (3, 11), lengths=[6, 4, 1])
     decoder_inputs = random_tokens(6, (3, 8)).at[:, 0].set(0)
-    np.testing.assert_allclose(encdec.__call__(inputs, decoder_inputs),
-                               encdec.__call__(inputs[:, :6], decoder_inputs), atol=1e-5)
+    np.testing.assert_allclose(
+        encdec.__call__(inputs, decoder_inputs),
+        encdec.__call__(inputs[:, :6], decoder_inputs),
+        atol=1e-5,
+    )
 
 
 def test_dropout_only_with_rngs(make_model):
@@ -299,8 +317,9 @@ def test_dropout_only_with_rngs(make_model):
     assert not np.allclose(a, plain) and not np.allclose(a, c)
 
 
-@pytest.mark.parametrize("architecture", ["encoder_decoder", "encoder_decoder_shared",
-                                          "decoder_only", "prefix_lm"])
+@pytest.mark.parametrize(
+    "architecture", ["encoder_decoder", "encoder_decoder_shared", "decoder_only", "prefix_lm"]
+)
 @pytest.mark.parametrize("logits_via_embedding", [True, False])
 def test_every_parameter_has_logical_axes(architecture, logits_via_embedding):
     cfg = config(architecture, logits_via_embedding=logits_via_embedding)
@@ -323,7 +342,9 @@ def test_shared_decoder_borrows_encoder_layers():
     model = nnx.eval_shape(lambda: tn.build(config("encoder_decoder_shared"), nnx.Rngs(0)))
     state = nnx.state(model, nnx.Param).to_pure_dict()
     assert set(state["decoder"]["layers_0"]) == {
-        "pre_cross_attention_layer_norm", "encoder_decoder_attention"}
+        "pre_cross_attention_layer_norm",
+        "encoder_decoder_attention",
+    }
     assert {"relpos_bias", "decoder_norm", "logits_dense"} <= set(state["decoder"])
 
 
@@ -335,7 +356,10 @@ def test_bad_calls_say_what_is_wrong(encdec):
     with pytest.raises(ValueError, match=r"\[batch, length\] integer array"):
         encdec.model(jnp.ones((2, 3)), jnp.zeros((2, 2), jnp.int32))
     with pytest.raises(ValueError, match="segment ids for both"):
-        encdec.model(jnp.ones((1, 3), jnp.int32), jnp.zeros((1, 2), jnp.int32),
-               encoder_segment_ids=jnp.ones((1, 3), jnp.int32))
+        encdec.model(
+            jnp.ones((1, 3), jnp.int32),
+            jnp.zeros((1, 2), jnp.int32),
+            encoder_segment_ids=jnp.ones((1, 3), jnp.int32),
+        )
     with pytest.raises(TypeError, match="TransformerConfig"):
         tn.build({"d_model": 8}, nnx.Rngs(0))

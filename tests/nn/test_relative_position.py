@@ -9,9 +9,14 @@ from t2t.nn.relative_position import relative_position_bucket
 
 
 def buckets(relative, bidirectional, num_buckets=32, max_distance=128):
-    return np.asarray(relative_position_bucket(
-        np.asarray(relative), bidirectional=bidirectional, num_buckets=num_buckets,
-        max_distance=max_distance))
+    return np.asarray(
+        relative_position_bucket(
+            np.asarray(relative),
+            bidirectional=bidirectional,
+            num_buckets=num_buckets,
+            max_distance=max_distance,
+        )
+    )
 
 
 def test_bidirectional_small_distances_get_their_own_bucket():
@@ -42,6 +47,9 @@ def test_equals_hf_on_a_grid(bidirectional, num_buckets, max_distance):
     relative = np.arange(-700, 701)[:, None] + np.arange(0, 9)[None, :] * 37
     ours = buckets(relative, bidirectional, num_buckets, max_distance)
     theirs = T5Attention._relative_position_bucket(
-        torch.tensor(relative), bidirectional=bidirectional, num_buckets=num_buckets,
-        max_distance=max_distance).numpy()
+        torch.tensor(relative),
+        bidirectional=bidirectional,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+    ).numpy()
     np.testing.assert_array_equal(ours, theirs)

@@ -18,22 +18,34 @@ VOCAB = 120
 
 def config(architecture="encoder_decoder", **overrides):
     layers = {"num_encoder_layers": 0} if architecture in ("decoder_only", "prefix_lm") else {}
-    fields = dict(vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_heads=4,
-                  num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.1)
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_ff=64,
+        d_kv=8,
+        num_heads=4,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        dropout_rate=0.1,
+    )
     return tn.get_preset("tiny", architecture=architecture, **{**fields, **layers, **overrides})
 
 
 def batch(architecture, rows=2, inputs=10, targets=6, seed=0):
     rng = np.random.default_rng(seed)
-    out = {"decoder_target_tokens": rng.integers(2, VOCAB, (rows, targets)),
-           "decoder_loss_weights": np.ones((rows, targets))}
+    out = {
+        "decoder_target_tokens": rng.integers(2, VOCAB, (rows, targets)),
+        "decoder_loss_weights": np.ones((rows, targets)),
+    }
     out["decoder_input_tokens"] = np.pad(out["decoder_target_tokens"][:, :-1], ((0, 0), (1, 0)))
     if architecture.startswith("encoder_decoder"):
         out["encoder_input_tokens"] = rng.integers(2, VOCAB, (rows, inputs))
     if architecture == "prefix_lm":
         out["decoder_causal_attention"] = np.tile(np.arange(targets) < 3, (rows, 1))
-    return {k: jnp.asarray(v, jnp.float32 if k.endswith("weights") else jnp.int32)
-            for k, v in out.items()}
+    return {
+        k: jnp.asarray(v, jnp.float32 if k.endswith("weights") else jnp.int32)
+        for k, v in out.items()
+    }
 
 
 def loss_and_grads(cfg, features, seed=0):
@@ -44,12 +56,15 @@ def loss_and_grads(cfg, features, seed=0):
     return float(loss), tn.unstack_layers(nnx.to_pure_dict(grads))
 
 
-@pytest.mark.parametrize("architecture, variants", [
-    ("encoder_decoder", ((False, "full"), (True, "none"), (True, "dots_with_no_batch_dims"))),
-    ("encoder_decoder_shared", ((True, "full"),)),
-    ("decoder_only", ((False, "dots"), (True, "full"))),
-    ("prefix_lm", ((True, "full"),)),
-])
+@pytest.mark.parametrize(
+    "architecture, variants",
+    [
+        ("encoder_decoder", ((False, "full"), (True, "none"), (True, "dots_with_no_batch_dims"))),
+        ("encoder_decoder_shared", ((True, "full"),)),
+        ("decoder_only", ((False, "dots"), (True, "full"))),
+        ("prefix_lm", ((True, "full"),)),
+    ],
+)
 def test_scan_and_remat_give_the_same_loss_and_gradients(architecture, variants):
     features = batch(architecture)
     base = config(architecture)
@@ -109,18 +124,21 @@ def test_to_layout_converts_states_both_ways_with_logical_axes():
 @pytest.mark.parametrize("architecture", ["encoder_decoder_shared", "prefix_lm"])
 def test_scanned_models_decode_the_same_tokens(architecture):
     flat_config = config(architecture, dropout_rate=0.0)
-    flat, scanned = models.model_for(flat_config), models.model_for(
-        flat_config.replace(scan_layers=True))
+    flat, scanned = (
+        models.model_for(flat_config),
+        models.model_for(flat_config.replace(scan_layers=True)),
+    )
     params = flat.init_params(jax.random.PRNGKey(4))
     features = batch(architecture, rows=3)
     if architecture == "prefix_lm":
         features = {k: v for k, v in features.items() if k != "decoder_target_tokens"}
     for method in ("greedy", "beam"):
-        want = jax.jit(lambda p, b: flat.predict_batch(p, b, method=method,
-                                                       max_decode_length=5))(params, features)
-        got = jax.jit(lambda p, b: scanned.predict_batch(p, b, method=method,
-                                                         max_decode_length=5))(
-            tn.to_layout(params, scanned.config), features)
+        want = jax.jit(lambda p, b: flat.predict_batch(p, b, method=method, max_decode_length=5))(
+            params, features
+        )
+        got = jax.jit(lambda p, b: scanned.predict_batch(p, b, method=method, max_decode_length=5))(
+            tn.to_layout(params, scanned.config), features
+        )
         np.testing.assert_array_equal(got, want)
 
 
@@ -152,19 +170,24 @@ def test_adafactor_trains_scanned_layers_as_separate_parameters():
 def test_per_layer_state_is_plain_adafactor_without_stacked_parameters():
     params = {"w": jnp.ones((4, 4))}
     plain = optax.chain(optax.scale_by_factored_rms(), optax.scale_by_learning_rate(0.1))
-    assert (jax.tree.structure(optim.per_layer(plain).init(params))
-            == jax.tree.structure(plain.init(params)))
+    assert jax.tree.structure(optim.per_layer(plain).init(params)) == jax.tree.structure(
+        plain.init(params)
+    )
 
 
 def test_remat_shrinks_the_backward_pass_temporaries():
     features = batch("encoder_decoder", rows=8, inputs=64, targets=32)
     temporaries = {}
     for policy in ("none", "dots_with_no_batch_dims", "full"):
-        model = models.model_for(config(d_model=64, d_ff=256, remat_policy=policy,
-                                        dropout_rate=0.0))
+        model = models.model_for(
+            config(d_model=64, d_ff=256, remat_policy=policy, dropout_rate=0.0)
+        )
         params = model.abstract_params()
-        compiled = jax.jit(jax.grad(lambda p, b: model.loss_fn(p, b, None)[0])).lower(
-            params, features).compile()
+        compiled = (
+            jax.jit(jax.grad(lambda p, b: model.loss_fn(p, b, None)[0]))
+            .lower(params, features)
+            .compile()
+        )
         temporaries[policy] = compiled.memory_analysis().temp_size_in_bytes
     assert temporaries["full"] < temporaries["none"]
     assert temporaries["dots_with_no_batch_dims"] < temporaries["none"]

@@ -72,7 +72,9 @@ def test_select_random_chunk_same_seed_same_chunks(token_dataset, as_lists):
 
 
 def test_reduce_concat_tokens_docstring_example(token_dataset, as_lists):
-    out = as_lists(chunking.reduce_concat_tokens(token_dataset([[1, 2], [3], [4, 5, 6]]), batch_size=2))
+    out = as_lists(
+        chunking.reduce_concat_tokens(token_dataset([[1, 2], [3], [4, 5, 6]]), batch_size=2)
+    )
     assert out == [{"targets": [1, 2, 3]}, {"targets": [4, 5, 6]}]
 
 
@@ -84,10 +86,14 @@ def test_split_tokens_docstring_example(token_dataset, as_lists):
 def test_split_tokens_to_lengths_leave_room_for_eos(token_dataset, as_lists, features32100):
     docs = [list(range(10, 17))]
     by_inputs = chunking.split_tokens_to_inputs_length(
-        token_dataset(docs), sequence_length={"inputs": 4, "targets": 3}, output_features=features32100
+        token_dataset(docs),
+        sequence_length={"inputs": 4, "targets": 3},
+        output_features=features32100,
     )
     by_targets = chunking.split_tokens_to_targets_length(
-        token_dataset(docs), sequence_length={"inputs": 4, "targets": 3}, output_features=features32100
+        token_dataset(docs),
+        sequence_length={"inputs": 4, "targets": 3},
+        output_features=features32100,
     )
     assert [e["targets"] for e in as_lists(by_inputs)] == [[10, 11, 12], [13, 14, 15], [16]]
     assert [e["targets"] for e in as_lists(by_targets)] == [[10, 11], [12, 13], [14, 15], [16]]
@@ -98,7 +104,8 @@ def test_chained_steps_take_the_batched_fast_path_with_the_same_result(token_dat
     plain = chunking.split_tokens(token_dataset(docs), 2)  # variable-length TensorSpec input
     chained = chunking.split_tokens(chunking.reduce_concat_tokens(token_dataset(docs)), 2)
     assert isinstance(
-        chunking.reduce_concat_tokens(token_dataset(docs)).element_spec["targets"], tf.RaggedTensorSpec
+        chunking.reduce_concat_tokens(token_dataset(docs)).element_spec["targets"],
+        tf.RaggedTensorSpec,
     )
     assert [e["targets"] for e in as_lists(plain)] == [[1, 2], [3], [4], [5, 6], [7, 8], [9]]
     assert [e["targets"] for e in as_lists(chained)] == [[1, 2], [3, 4], [5, 6], [7, 8], [9]]

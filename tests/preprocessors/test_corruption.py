@@ -46,14 +46,20 @@ def test_drop_examples():
 
 def test_noise_token_to_sentinel_example(vocab32100):
     tokens, mask = _ragged([[1, 2, 3, 4]]), _mask([[F, T, T, F]])
-    assert corruption.noise_token_to_sentinel(tokens, mask, vocab32100).to_list() == [[1, 32099, 32099, 4]]
+    assert corruption.noise_token_to_sentinel(tokens, mask, vocab32100).to_list() == [
+        [1, 32099, 32099, 4]
+    ]
 
 
 def test_mask_or_random_example_and_rates(vocab32100):
     tokens, mask = _ragged([[1, 2, 3, 4]]), _mask([[F, T, T, F]])
-    out = corruption.noise_token_to_mask_or_random(tokens, mask, vocab32100, SEED, mask_rate=1.0, random_rate=0.0)
+    out = corruption.noise_token_to_mask_or_random(
+        tokens, mask, vocab32100, SEED, mask_rate=1.0, random_rate=0.0
+    )
     assert out.to_list() == [[1, 32099, 32099, 4]]
-    kept = corruption.noise_token_to_mask_or_random(tokens, mask, vocab32100, SEED, mask_rate=0.0, random_rate=0.0)
+    kept = corruption.noise_token_to_mask_or_random(
+        tokens, mask, vocab32100, SEED, mask_rate=0.0, random_rate=0.0
+    )
     assert kept.to_list() == [[1, 2, 3, 4]]
     swapped = corruption.noise_token_to_mask_or_random(
         _ragged([[5] * 4000]), _mask([[T] * 4000]), vocab32100, SEED, mask_rate=0.0, random_rate=1.0
@@ -76,4 +82,6 @@ def test_sentinel_functions_need_extra_ids():
 
     tokens, mask = _ragged([[1, 2]]), _mask([[F, T]])
     with pytest.raises(ValueError, match="extra ids"):
-        corruption.noise_span_to_unique_sentinel(tokens, mask, seqio.PassThroughVocabulary(10, eos_id=1))
+        corruption.noise_span_to_unique_sentinel(
+            tokens, mask, seqio.PassThroughVocabulary(10, eos_id=1)
+        )

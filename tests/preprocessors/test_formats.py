@@ -50,11 +50,17 @@ def _plain(value):
 
 
 def _formatter(task):
-    if task.startswith(("glue/", "super_glue/")) and ":" not in task and task != "super_glue/record":
+    if (
+        task.startswith(("glue/", "super_glue/"))
+        and ":" not in task
+        and task != "super_glue/record"
+    ):
         return preprocessors.text_preprocessor(task)
     if task.startswith("wmt:"):
         source, target = task[4:].split("-")
-        return functools.partial(preprocessors.translate, source_language=source, target_language=target)
+        return functools.partial(
+            preprocessors.translate, source_language=source, target_language=target
+        )
     return {
         "super_glue/wsc.fixed:simple": preprocessors.wsc_simple,
         "super_glue/wsc.fixed:simple_train": functools.partial(
@@ -99,40 +105,87 @@ def _first(dataset):
 def test_docstring_examples_of_the_formats():
     qqp = _records([{"question1": "Why?", "question2": "How?", "label": 1, "idx": 10}])
     assert _first(preprocessors.text_preprocessor("glue/qqp")(qqp)) == {
-        "inputs": "qqp question1: Why? question2: How?", "targets": "duplicate", "idx": 10
+        "inputs": "qqp question1: Why? question2: How?",
+        "targets": "duplicate",
+        "idx": 10,
     }
-    record = _records([{
-        "passage": "The passage.", "query": "A @placeholder is a bird.",
-        "entities": ["penguin", "potato"], "answers": ["penguin"], "idx": {"passage": 0, "query": 1},
-    }])
+    record = _records(
+        [
+            {
+                "passage": "The passage.",
+                "query": "A @placeholder is a bird.",
+                "entities": ["penguin", "potato"],
+                "answers": ["penguin"],
+                "idx": {"passage": 0, "query": 1},
+            }
+        ]
+    )
     assert _first(preprocessors.record(record)) == {
         "inputs": "record query: A @placeholder is a bird. entities: penguin, potato passage: "
-                  "The passage.",
-        "targets": "penguin", "answers": ["penguin"], "idx/passage": 0, "idx/query": 1,
+        "The passage.",
+        "targets": "penguin",
+        "answers": ["penguin"],
+        "idx/passage": 0,
+        "idx/query": 1,
     }
-    squad = _records([{"id": "q1", "question": "Who?", "context": "Ann (a cat).",
-                       "answers": {"text": ["Ann"], "answer_start": [0]}}])
+    squad = _records(
+        [
+            {
+                "id": "q1",
+                "question": "Who?",
+                "context": "Ann (a cat).",
+                "answers": {"text": ["Ann"], "answer_start": [0]},
+            }
+        ]
+    )
     assert _first(preprocessors.squad(squad)) == {
-        "inputs": "question: Who ? context: Ann ( a cat ) . ", "targets": "Ann", "id": "q1",
-        "question": "Who ? ", "context": "Ann ( a cat ) . ", "answers": ["Ann"],
+        "inputs": "question: Who ? context: Ann ( a cat ) . ",
+        "targets": "Ann",
+        "id": "q1",
+        "question": "Who ? ",
+        "context": "Ann ( a cat ) . ",
+        "answers": ["Ann"],
     }
     cnn = _records([{"article": "Long text.", "highlights": "Short."}])
-    assert _first(preprocessors.summarize(cnn)) == {"inputs": "summarize: Long text.", "targets": "Short."}
-    padded = preprocessors.text_tasks.pad_punctuation(tf.constant("Hyperbaric (high-pressure) medicine."))
+    assert _first(preprocessors.summarize(cnn)) == {
+        "inputs": "summarize: Long text.",
+        "targets": "Short.",
+    }
+    padded = preprocessors.text_tasks.pad_punctuation(
+        tf.constant("Hyperbaric (high-pressure) medicine.")
+    )
     assert padded.numpy().decode() == "Hyperbaric ( high - pressure ) medicine . "
 
 
 def test_wsc_simple_marks_the_nearest_pronoun_when_the_index_is_off():
     records = _records(
-        [{"text": "Some day they might want to use it , really.", "span1_index": 0,
-          "span1_text": "they", "span2_index": 6, "span2_text": "it", "label": 1, "idx": 0},
-         {"text": "\"Good for him,\" he said.", "span1_index": 0, "span1_text": "John",
-          "span2_index": 2, "span2_text": "him", "label": 1, "idx": 1}]
+        [
+            {
+                "text": "Some day they might want to use it , really.",
+                "span1_index": 0,
+                "span1_text": "they",
+                "span2_index": 6,
+                "span2_text": "it",
+                "label": 1,
+                "idx": 0,
+            },
+            {
+                "text": '"Good for him," he said.',
+                "span1_index": 0,
+                "span1_text": "John",
+                "span2_index": 2,
+                "span2_text": "him",
+                "label": 1,
+                "idx": 1,
+            },
+        ]
     )
-    outputs = [ex["inputs"].decode() for ex in preprocessors.wsc_simple(records).as_numpy_iterator()]
+    outputs = [
+        ex["inputs"].decode() for ex in preprocessors.wsc_simple(records).as_numpy_iterator()
+    ]
     assert outputs == [
         "wsc: Some day they might want to use *it* , really.",
-        "wsc: \"Good for *him*,\" he said.",
+        'wsc: "Good for *him*," he said.',
     ]
 
 
@@ -151,7 +204,9 @@ def test_translate_rejects_unknown_language():
 
 @pytest.mark.parametrize("text, expected", GOLDENS["postprocessors"]["string_label_to_class_id"])
 def test_string_label_to_class_id_matches_t5(text, expected):
-    assert postprocessors.string_label_to_class_id(text, ("entailment", "not_entailment")) == expected
+    assert (
+        postprocessors.string_label_to_class_id(text, ("entailment", "not_entailment")) == expected
+    )
 
 
 @pytest.mark.parametrize("text, expected", GOLDENS["postprocessors"]["string_to_float"])
@@ -174,16 +229,23 @@ def test_postprocessors_never_raise_and_junk_counts_as_wrong(junk):
 
 
 def test_postprocessors_decode_bytes():
-    assert postprocessors.string_label_to_class_id(b"not_entailment", ("entailment", "not_entailment")) == 1
+    assert (
+        postprocessors.string_label_to_class_id(b"not_entailment", ("entailment", "not_entailment"))
+        == 1
+    )
     assert postprocessors.string_to_float(b"3.2") == 3.2
 
 
 def test_multirc_and_record_postprocessors():
     example = {"idx/question": 7, "idx/passage": 2, "idx/query": 5, "answers": [b"Oslo", b"Norway"]}
     assert postprocessors.multirc("True") == {"value": 1}
-    assert postprocessors.multirc("maybe", example=example, is_target=True) == {"value": -1, "group": 7}
+    assert postprocessors.multirc("maybe", example=example, is_target=True) == {
+        "value": -1,
+        "group": 7,
+    }
     assert postprocessors.record(b"Oslo") == {"value": "Oslo"}
     assert postprocessors.record("x", example=example, is_target=True) == {
-        "value": ["Oslo", "Norway"], "group": (2, 5)
+        "value": ["Oslo", "Norway"],
+        "group": (2, 5),
     }
     assert postprocessors.qa("x", example=example, is_target=True) == ["Oslo", "Norway"]

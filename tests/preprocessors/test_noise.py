@@ -71,8 +71,12 @@ def test_random_spans_helper_rejects_bad_knobs(kwargs):
     noise_density=st.sampled_from([0.1, 0.15, 0.25, 0.5]),
     mean_span=st.sampled_from([2.0, 3.0, 5.0, 10.0]),
 )
-def test_random_spans_helper_fills_inputs_exactly_and_maximally(inputs_length, noise_density, mean_span):
-    tokens_length, targets_length = noise.random_spans_helper(inputs_length, noise_density, mean_span)
+def test_random_spans_helper_fills_inputs_exactly_and_maximally(
+    inputs_length, noise_density, mean_span
+):
+    tokens_length, targets_length = noise.random_spans_helper(
+        inputs_length, noise_density, mean_span
+    )
 
     def lengths(t):
         n = min(max(round(t * noise_density), 1), t - 1)
@@ -145,7 +149,9 @@ def test_random_spans_noise_mask_docstring_example():
     mean_span=st.floats(1.0, 10.0),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_random_spans_noise_mask_counts_follow_the_formulas(lengths, noise_density, mean_span, seed):
+def test_random_spans_noise_mask_counts_follow_the_formulas(
+    lengths, noise_density, mean_span, seed
+):
     mask = noise.random_spans_noise_mask(
         tf.constant(lengths),
         tf.constant([seed, 0]),

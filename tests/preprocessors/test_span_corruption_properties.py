@@ -62,8 +62,14 @@ def test_span_corruption_properties(
         inputs_length, noise_density, mean_span
     )
     out = _span_corruption(
-        docs, {"inputs": inputs_length, "targets": targets_length}, seed, token_dataset, as_lists,
-        features32100, noise_density=noise_density, mean_noise_span_length=mean_span,
+        docs,
+        {"inputs": inputs_length, "targets": targets_length},
+        seed,
+        token_dataset,
+        as_lists,
+        features32100,
+        noise_density=noise_density,
+        mean_noise_span_length=mean_span,
     )
     segments = []
     for e in out:
@@ -106,7 +112,9 @@ def docs():
     return [rng.integers(3, 30000, size=int(n)).tolist() for n in rng.integers(1, 700, size=40)]
 
 
-def test_same_seed_same_output_other_seed_other_output(docs, token_dataset, as_lists, features32100):
+def test_same_seed_same_output_other_seed_other_output(
+    docs, token_dataset, as_lists, features32100
+):
     lengths = {"inputs": 128, "targets": 32}
     first = _span_corruption(docs, lengths, 7, token_dataset, as_lists, features32100)
     again = _span_corruption(docs, lengths, 7, token_dataset, as_lists, features32100)
@@ -117,7 +125,9 @@ def test_same_seed_same_output_other_seed_other_output(docs, token_dataset, as_l
 
 
 def test_default_lengths_512_114(docs, token_dataset, as_lists, features32100):
-    out = _span_corruption(docs, {"inputs": 512, "targets": 114}, 3, token_dataset, as_lists, features32100)
+    out = _span_corruption(
+        docs, {"inputs": 512, "targets": 114}, 3, token_dataset, as_lists, features32100
+    )
     full = [e for e in out if len(_reconstruct(e["inputs"], e["targets"])) == 568]
     assert len(full) == len(out) - 1  # 40 documents make one group; only its tail is short
     for e in full:
@@ -126,7 +136,12 @@ def test_default_lengths_512_114(docs, token_dataset, as_lists, features32100):
 
 def test_unconcatenated_documents_split_on_their_own(docs, token_dataset, as_lists, features32100):
     out = _span_corruption(
-        docs, {"inputs": 512, "targets": 114}, 3, token_dataset, as_lists, features32100,
+        docs,
+        {"inputs": 512, "targets": 114},
+        3,
+        token_dataset,
+        as_lists,
+        features32100,
         concatenate_documents=False,
     )
     lengths = [len(_reconstruct(e["inputs"], e["targets"])) for e in out]

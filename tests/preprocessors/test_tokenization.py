@@ -26,8 +26,15 @@ def vocabulary(tmp_path_factory):
     corpus = directory / "corpus.txt"
     corpus.write_text("\n".join(" ".join(t.split()) for t in pydoc_data.topics.topics.values()))
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(directory / "spm"), vocab_size=500,
-        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+        input=str(corpus),
+        model_prefix=str(directory / "spm"),
+        vocab_size=500,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
     )
     return seqio.SentencePieceVocabulary(str(directory / "spm.model"), extra_ids=100)
 
@@ -59,7 +66,10 @@ def test_tokenize_with_variable_length_features_takes_the_ragged_path(vocabulary
     features = {"targets": seqio.Feature(vocabulary)}
     records = tf.data.Dataset.from_generator(
         lambda: iter([{"targets": t, "extra": list(range(i))} for i, t in enumerate(TEXTS)]),
-        output_signature={"targets": tf.TensorSpec([], tf.string), "extra": tf.TensorSpec([None], tf.int32)},
+        output_signature={
+            "targets": tf.TensorSpec([], tf.string),
+            "extra": tf.TensorSpec([None], tf.int32),
+        },
     )
     ours = _examples(preprocessors.tokenize(records, output_features=features))
     reference = _examples(seqio.preprocessors.tokenize(records, output_features=features))
@@ -80,7 +90,9 @@ def _span_corruption_task(vocabulary, tokenizer):
         "prep_test_span_corruption",
         source=seqio.FunctionDataSource(source, splits=["train"]),
         preprocessors=[
-            functools.partial(seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}),
+            functools.partial(
+                seqio.preprocessors.rekey, key_map={"inputs": None, "targets": "text"}
+            ),
             tokenizer,
             preprocessors.span_corruption,
             seqio.preprocessors.append_eos_after_trim,

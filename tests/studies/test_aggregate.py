@@ -8,10 +8,18 @@ import scipy.stats
 from t2t.studies import aggregate, report
 
 SCORES = {
-    ("base", "t1", 0): 80.0, ("base", "t1", 1): 82.0, ("base", "t1", 2): 84.0,
-    ("base", "t2", 0): 60.0, ("base", "t2", 1): 62.0, ("base", "t2", 2): 58.0,
-    ("new", "t1", 0): 70.0, ("new", "t1", 1): 72.0, ("new", "t1", 2): 71.0,
-    ("new", "t2", 0): 50.0, ("new", "t2", 1): 40.0, ("new", "t2", 2): 52.0,
+    ("base", "t1", 0): 80.0,
+    ("base", "t1", 1): 82.0,
+    ("base", "t1", 2): 84.0,
+    ("base", "t2", 0): 60.0,
+    ("base", "t2", 1): 62.0,
+    ("base", "t2", 2): 58.0,
+    ("new", "t1", 0): 70.0,
+    ("new", "t1", 1): 72.0,
+    ("new", "t1", 2): 71.0,
+    ("new", "t2", 0): 50.0,
+    ("new", "t2", 1): 40.0,
+    ("new", "t2", 2): 52.0,
     ("new", "t2", 3): None,  # a run without a result
 }
 BASELINES = {"t1": 50.0, "t2": 45.0}
@@ -24,8 +32,14 @@ def result():
 
 def test_spread_per_arm_and_task(result):
     base, new = result["arms"]["base"]["tasks"], result["arms"]["new"]["tasks"]
-    assert base["t1"] == {"n": 3, "mean": 82.0, "std": 2.0, "min": 80.0, "max": 84.0,
-                          "degenerate": 0}
+    assert base["t1"] == {
+        "n": 3,
+        "mean": 82.0,
+        "std": 2.0,
+        "min": 80.0,
+        "max": 84.0,
+        "degenerate": 0,
+    }
     assert new["t1"]["mean"] == 71.0 and new["t1"]["std"] == pytest.approx(1.0)
     # 50, 40, 52: mean 47.33; deviations 2.67, -7.33, 4.67, squares summing to 248 / 3
     assert new["t2"]["mean"] == pytest.approx(142 / 3)
@@ -51,11 +65,14 @@ def test_suite_average_and_welch_test(result):
 
 
 def test_orderings_against_the_paper():
-    pairs = aggregate.compare_orderings({"a": 3.0, "b": 2.0, "c": 1.0},
-                                        {"a": 1.0, "b": 2.0, "c": 3.0, "d": 9.0})
+    pairs = aggregate.compare_orderings(
+        {"a": 3.0, "b": 2.0, "c": 1.0}, {"a": 1.0, "b": 2.0, "c": 3.0, "d": 9.0}
+    )
     assert [(p["pair"], p["paper"], p["ours"], p["reproduced"]) for p in pairs] == [
-        (["a", "b"], "b", "a", False), (["a", "c"], "c", "a", False),
-        (["b", "c"], "c", "b", False)]
+        (["a", "b"], "b", "a", False),
+        (["a", "c"], "c", "a", False),
+        (["b", "c"], "c", "b", False),
+    ]
     same = aggregate.compare_orderings({"a": 3.0, "b": 2.0}, {"a": 9.0, "b": 1.0})
     assert same[0]["reproduced"] is True
     tie = aggregate.compare_orderings({"a": 1.0, "b": 1.0}, {"a": 9.0, "b": 1.0})
@@ -63,17 +80,21 @@ def test_orderings_against_the_paper():
 
 
 def test_paper_comparison_reads_the_papers_numbers(result):
-    spec = {"table": "10", "column": "GLUE",
-            "rows": {"base": "All parameters", "new": "Gradual unfreezing"}}
+    spec = {
+        "table": "10",
+        "column": "GLUE",
+        "rows": {"base": "All parameters", "new": "Gradual unfreezing"},
+    }
     comparison = report.paper_comparison(result, spec)
     assert comparison["values"] == {"base": 83.28, "new": 82.5}
     assert comparison["reproduced"] == comparison["compared"] == 1  # base > new, as here
-    table = report.markdown({**result, "ordering": ["base", "new"], "paper": comparison,
-                             "seeds": [0, 1, 2]})
+    table = report.markdown(
+        {**result, "ordering": ["base", "new"], "paper": comparison, "seeds": [0, 1, 2]}
+    )
     assert "| base | 82.0 ± 2.0 | 60.0 ± 2.0 | 71.0 ± 1.0 |" in table
     # Per-seed suite averages: base (70, 72, 71), new (60, 56, 61.5).
     want = scipy.stats.ttest_ind([70, 72, 71], [60, 56, 61.5], equal_var=False).pvalue
     assert comparison["pairs"][0]["p_value"] == pytest.approx(want)
     assert want < 0.05 and comparison["significant"] == 1
-    assert ("Pairwise orderings reproduced: 1 of 1, 1 of them with p < 0.05" in table)
+    assert "Pairwise orderings reproduced: 1 of 1, 1 of them with p < 0.05" in table
     assert f"| base vs new | base | base | {want:.3g} | yes |" in table

@@ -18,10 +18,14 @@ from t2t import cli, runs
 from t2t.studies import runner
 
 SMALL = [  # a smaller network and shorter runs than the builtin_tiny profile's
-    "t2t.nn.get_preset.d_model = 32", "t2t.nn.get_preset.d_ff = 64",
-    "t2t.nn.get_preset.num_heads = 2", "t2t.nn.get_preset.d_kv = 16",
-    "t2t.nn.get_preset.num_encoder_layers = 1", "t2t.nn.get_preset.num_decoder_layers = 1",
-    "BATCH_SIZE = 8", "t2t.runs.train.log_every = 1",
+    "t2t.nn.get_preset.d_model = 32",
+    "t2t.nn.get_preset.d_ff = 64",
+    "t2t.nn.get_preset.num_heads = 2",
+    "t2t.nn.get_preset.d_kv = 16",
+    "t2t.nn.get_preset.num_encoder_layers = 1",
+    "t2t.nn.get_preset.num_decoder_layers = 1",
+    "BATCH_SIZE = 8",
+    "t2t.runs.train.log_every = 1",
     "t2t.runs.seqio_evaluator.num_examples = 16",
 ]
 MICRO = textwrap.dedent("""
@@ -86,13 +90,15 @@ KILLED_STUDY = textwrap.dedent("""
 def scores(study_dir):
     with open(os.path.join(study_dir, "study.json")) as f:
         result = json.load(f)
-    return result, {(arm, seed): json.load(open(path))["score"]
-                    for arm, seed, path in _score_files(study_dir)}
+    return result, {
+        (arm, seed): json.load(open(path))["score"] for arm, seed, path in _score_files(study_dir)
+    }
 
 
 def _score_files(study_dir):
-    for path in glob.glob(os.path.join(study_dir, "*", "seed*", "builtin_order",
-                                       runner.SCORE_FILE)):
+    for path in glob.glob(
+        os.path.join(study_dir, "*", "seed*", "builtin_order", runner.SCORE_FILE)
+    ):
         parts = path.split(os.sep)
         yield parts[-4], parts[-3], path
 
@@ -103,8 +109,13 @@ def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     # Killed in the third run (per seed a pretraining of 2 and a fine-tuning of 2 batches came
     # before).
-    killed = subprocess.run([sys.executable, "-c", KILLED_STUDY, "9", *argv], env=env,
-                            capture_output=True, text=True, timeout=900)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_STUDY, "9", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     first = {(arm, seed) for arm, seed, _ in _score_files(study_dir)}
     assert first == {("pre-trained", "seed0"), ("pre-trained", "seed1")}
@@ -125,8 +136,7 @@ def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
     # Seed 0's runs, printed and run command by command, give the same scores.
     by_hand = [*argv[:2], f"--study_dir={tmp_path / 'by_hand'}", "--seeds=0"]
     assert cli.main([*by_hand, "--print_commands"]) == 0
-    commands = [line for line in capsys.readouterr().out.splitlines()
-                if line.startswith("t2t ")]
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t ")]
     assert len(commands) == 3  # the shared pretraining, then one run per arm
     for command in commands:
         assert cli.main(shlex.split(command)[1:]) == 0
@@ -145,8 +155,15 @@ def test_every_study_file_parses_and_builds_its_stages(path):
     assert tasks and len({a["name"] for a in arms}) == len(arms) >= 2
     seen = set()
     for arm in arms:
-        stages = runner.expand(arm, tasks[0], 0, "/tmp/unused_study", bound.get("bindings", ()),
-                               bound.get("task_feature_lengths"), bound.get("corpus", "builtin"))
+        stages = runner.expand(
+            arm,
+            tasks[0],
+            0,
+            "/tmp/unused_study",
+            bound.get("bindings", ()),
+            bound.get("task_feature_lengths"),
+            bound.get("corpus", "builtin"),
+        )
         previous = None
         for stage in stages:
             bindings = [f"MODEL_DIR = '{stage.directory}'", *stage.bindings]
@@ -171,6 +188,7 @@ def test_every_study_file_parses_and_builds_its_stages(path):
 def test_shared_stages_train_once_where_their_share_says():
     """`share`: per seed for the arm (none), per seed for all arms ("study"), once for the arm
     ("seeds") or once for the study ("all"), the last two with seed 0 whatever the restart."""
+
     def arm(name, share):
         pretrain = {"name": "pretrain", "gin_files": ["p.gin"], "bindings": ["A = '{seed}'"]}
         if share:
@@ -181,14 +199,25 @@ def test_shared_stages_train_once_where_their_share_says():
         stage = runner.expand(arm(arm_name, share), "t", seed, "/s", (), None)[0]
         return stage.directory, list(stage.bindings)
 
-    assert pretrain_of(None, "x", 2) == ("/s/x/seed2/pretrain",
-                                         ["A = '2'", "t2t.runs.train.seed = 2"])
-    assert pretrain_of("study", "x", 2)[0] == pretrain_of("study", "y", 2)[0] == \
-        "/s/shared/seed2/pretrain"
-    assert pretrain_of("seeds", "x", 2) == pretrain_of("seeds", "x", 1) == (
-        "/s/x/pretrain", ["A = '0'", "t2t.runs.train.seed = 0"])
-    assert pretrain_of("all", "x", 2) == pretrain_of("all", "y", 1) == (
-        "/s/shared/pretrain", ["A = '0'", "t2t.runs.train.seed = 0"])
+    assert pretrain_of(None, "x", 2) == (
+        "/s/x/seed2/pretrain",
+        ["A = '2'", "t2t.runs.train.seed = 2"],
+    )
+    assert (
+        pretrain_of("study", "x", 2)[0]
+        == pretrain_of("study", "y", 2)[0]
+        == "/s/shared/seed2/pretrain"
+    )
+    assert (
+        pretrain_of("seeds", "x", 2)
+        == pretrain_of("seeds", "x", 1)
+        == ("/s/x/pretrain", ["A = '0'", "t2t.runs.train.seed = 0"])
+    )
+    assert (
+        pretrain_of("all", "x", 2)
+        == pretrain_of("all", "y", 1)
+        == ("/s/shared/pretrain", ["A = '0'", "t2t.runs.train.seed = 0"])
+    )
     finetune = runner.expand(arm("x", "all"), "t", 2, "/s", (), None)[1]
     assert finetune.directory == "/s/x/seed2/t/finetune"
     assert "t2t.runs.train.seed = 2" in finetune.bindings

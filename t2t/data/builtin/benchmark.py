@@ -40,11 +40,17 @@ SIZES = {
     "next_in_document": {"train": 800, "validation": 400},
     "similarity": {"train": 6000, "validation": 600},
 }
-FIELDS = {"order": ("sentence",), "next": ("sentence1", "sentence2"),
-          "next_in_document": ("sentence1", "sentence2"),
-          "similarity": ("sentence1", "sentence2")}
-LABELS = {"order": ("acceptable", "unacceptable"), "next": ("next", "other"),
-          "next_in_document": ("next", "other")}
+FIELDS = {
+    "order": ("sentence",),
+    "next": ("sentence1", "sentence2"),
+    "next_in_document": ("sentence1", "sentence2"),
+    "similarity": ("sentence1", "sentence2"),
+}
+LABELS = {
+    "order": ("acceptable", "unacceptable"),
+    "next": ("next", "other"),
+    "next_in_document": ("next", "other"),
+}
 MIN_WORDS, MAX_WORDS = 6, 40
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 VERSION = "v4"
@@ -151,8 +157,12 @@ def _similarity(docs, rng):
     return rows
 
 
-_BUILDERS = {"order": _order, "next": _next, "next_in_document": _next_in_document,
-             "similarity": _similarity}
+_BUILDERS = {
+    "order": _order,
+    "next": _next,
+    "next_in_document": _next_in_document,
+    "similarity": _similarity,
+}
 
 
 def directory_of(corpus_directory: str) -> str:
@@ -178,13 +188,12 @@ def get_or_build(corpus) -> str:
                 rng = random.Random(f"{task}-{split}")
                 rows = _BUILDERS[task](docs, rng)
                 rng.shuffle(rows)
-                rows = rows[:SIZES[task][split]]
+                rows = rows[: SIZES[task][split]]
                 path = os.path.join(staging, task, f"{split}.tsv")
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "w", encoding="utf-8") as f:
                     f.writelines("\t".join(row) + "\n" for row in rows)
-                stats[f"{task}_{split}"] = {"examples": len(rows),
-                                            "labels": _label_counts(rows)}
+                stats[f"{task}_{split}"] = {"examples": len(rows), "labels": _label_counts(rows)}
         with open(os.path.join(staging, "stats.json"), "w", encoding="utf-8") as f:
             json.dump(stats, f, indent=2, sort_keys=True)
         try:

@@ -116,7 +116,9 @@ def get_or_build(
 
 
 def _build_into(directory: str, num_pieces: int, report: Callable[[str], None]) -> None:
-    report("reading pydoc topics and standard-library docstrings (parsed with ast, nothing imported)")
+    report(
+        "reading pydoc topics and standard-library docstrings (parsed with ast, nothing imported)"
+    )
     topics = sources.pydoc_topics()
     docstrings = list(sources.stdlib_docstrings())
     report(f"read {len(topics)} topics and {len(docstrings)} docstrings; cleaning")
@@ -191,8 +193,12 @@ def _statistics(corpus: BuiltinCorpus, labels: list[str], num_pieces: int) -> di
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=corpus.vocabulary_path)
-    stats = {"num_pieces": num_pieces, "vocab_size": num_pieces + vocab.NUM_SENTINELS,
-             "package_labels": labels, "python": sys.version.split()[0]}
+    stats = {
+        "num_pieces": num_pieces,
+        "vocab_size": num_pieces + vocab.NUM_SENTINELS,
+        "package_labels": labels,
+        "python": sys.version.split()[0],
+    }
     for split in SPLITS:
         with open(corpus.corpus_path(split), encoding="utf-8") as f:
             lines = f.read().splitlines()

@@ -18,10 +18,23 @@ from collections.abc import Iterator
 
 # Directories of the standard library that hold tests, tools, vendored code or build files
 # rather than library documentation.
-_SKIPPED_DIRS = frozenset({
-    "__pycache__", "site-packages", "dist-packages", "test", "tests", "idle_test", "idlelib",
-    "lib2to3", "turtledemo", "ensurepip", "lib-dynload", "__phello__", "encodings",
-})
+_SKIPPED_DIRS = frozenset(
+    {
+        "__pycache__",
+        "site-packages",
+        "dist-packages",
+        "test",
+        "tests",
+        "idle_test",
+        "idlelib",
+        "lib2to3",
+        "turtledemo",
+        "ensurepip",
+        "lib-dynload",
+        "__phello__",
+        "encodings",
+    }
+)
 _SKIPPED_FILES = frozenset({"this.py", "antigravity.py", "__hello__.py"})
 # C modules whose import has no side effect; their docstrings exist only at run time.
 _C_MODULES = ("builtins", "math", "cmath", "itertools", "time", "gc", "sys", "marshal")
@@ -70,7 +83,11 @@ def _source_modules(stdlib_dir: str) -> Iterator[tuple[str, str]]:
         relative = os.path.relpath(root, stdlib_dir)
         package = [] if relative == "." else relative.split(os.sep)
         for name in sorted(files):
-            if not name.endswith(".py") or name in _SKIPPED_FILES or name.startswith("_sysconfigdata"):
+            if (
+                not name.endswith(".py")
+                or name in _SKIPPED_FILES
+                or name.startswith("_sysconfigdata")
+            ):
                 continue
             stem = name[: -len(".py")]
             parts = package if stem == "__init__" else package + [stem]

@@ -27,10 +27,18 @@ MODULES = ("builtin", "c4", "glue", "superglue", "generation", "mixtures")
 
 # Name prefix -> the module that registers names starting with it (first match wins).
 _OWNERS_BY_PREFIX = (
-    ("builtin_", "builtin"), ("c4_", "c4"), ("glue", "glue"), ("super_glue", "superglue"),
-    ("dpr_", "superglue"), ("squad", "generation"), ("cnn_dailymail", "generation"),
-    ("wmt_", "generation"), ("all_", "mixtures"), ("leave_one_out_", "mixtures"),
-    ("supervised_", "mixtures"), ("large_supervised_", "mixtures"),
+    ("builtin_", "builtin"),
+    ("c4_", "c4"),
+    ("glue", "glue"),
+    ("super_glue", "superglue"),
+    ("dpr_", "superglue"),
+    ("squad", "generation"),
+    ("cnn_dailymail", "generation"),
+    ("wmt_", "generation"),
+    ("all_", "mixtures"),
+    ("leave_one_out_", "mixtures"),
+    ("supervised_", "mixtures"),
+    ("large_supervised_", "mixtures"),
 )
 
 

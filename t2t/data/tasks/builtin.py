@@ -47,8 +47,14 @@ BENCHMARK_TASKS = {
     "builtin_similarity": ("similarity", [metrics.pearson_and_spearman]),
 }
 # The suite `builtin_glue` averages (GLUE's way: each task's metrics first, then the tasks).
-SUITE = ("builtin_order", "builtin_next", "builtin_next_in_document", "builtin_similarity",
-         "builtin_package", "builtin_summarize")
+SUITE = (
+    "builtin_order",
+    "builtin_next",
+    "builtin_next_in_document",
+    "builtin_similarity",
+    "builtin_package",
+    "builtin_summarize",
+)
 # Multi-task mixtures of span corruption and the suite, for the paper's mixing comparisons
 # (Table 11) at this corpus's scale: the tasks have 800-8,000 training examples (span
 # corruption ~2,600 at the demo's lengths), so K spans 2^10 .. 2^14 instead of 2^16 .. 2^21.
@@ -60,7 +66,10 @@ MIXTURES = ("builtin_supervised", "builtin_multitask")
 @seqio.map_over_dataset
 def format_summarize(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """{"body", "summary"} -> inputs "summarize: <body>", targets "<summary>"."""
-    return {"inputs": tf.strings.join(["summarize: ", example["body"]]), "targets": example["summary"]}
+    return {
+        "inputs": tf.strings.join(["summarize: ", example["body"]]),
+        "targets": example["summary"],
+    }
 
 
 @seqio.map_over_dataset
@@ -73,8 +82,12 @@ def format_package(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
 def _built(root: str) -> cache.BuiltinCorpus:
     """The corpus under cache root `root`, built first if it is not there (once per cache)."""
     if not os.path.exists(os.path.join(cache.corpus_directory(root), "stats.json")):
-        print(f"Building the built-in corpus and its vocabulary under {root} (once, about 10 s; "
-              "`t2t cache` builds it ahead of time).", file=sys.stderr, flush=True)
+        print(
+            f"Building the built-in corpus and its vocabulary under {root} (once, about 10 s; "
+            "`t2t cache` builds it ahead of time).",
+            file=sys.stderr,
+            flush=True,
+        )
     return cache.get_or_build(root)
 
 
@@ -115,8 +128,9 @@ class CorpusVocabulary(seqio.SentencePieceVocabulary):
 
     def __init__(self, root: str, extra_ids: int = vocab.NUM_SENTINELS):
         self._root = root
-        super().__init__(cache.BuiltinCorpus(cache.corpus_directory(root)).vocabulary_path,
-                         extra_ids=extra_ids)
+        super().__init__(
+            cache.BuiltinCorpus(cache.corpus_directory(root)).vocabulary_path, extra_ids=extra_ids
+        )
 
     @property
     def _sentencepiece_model_file(self) -> str:
@@ -190,15 +204,18 @@ def register_benchmark(root: str, vocabulary: seqio.Vocabulary) -> list[str]:
     for name, (task, metric_fns) in BENCHMARK_TASKS.items():
         fields = benchmark.FIELDS[task]
         labels = benchmark.LABELS.get(task)
-        postprocess = (functools.partial(postprocessors.string_label_to_class_id,
-                                         label_classes=labels) if labels
-                       else postprocessors.string_to_float)
+        postprocess = (
+            functools.partial(postprocessors.string_label_to_class_id, label_classes=labels)
+            if labels
+            else postprocessors.string_to_float
+        )
         registry.add_task(
             name,
             __name__,
             source=BuiltOnUse(
                 {split: benchmark.task_path(directory, task, split) for split in cache.SPLITS},
-                functools.partial(_benchmark_counts, root, task)),
+                functools.partial(_benchmark_counts, root, task),
+            ),
             preprocessors=[
                 functools.partial(text.parse_tsv, field_names=(*fields, "label")),
                 _format_benchmark(task, fields),
@@ -218,8 +235,10 @@ def register_pretraining(
 ) -> list[str]:
     """Registers `builtin_<objective>` for each objective; returns the names."""
     corpus = cache.BuiltinCorpus(cache.corpus_directory(root))  # paths only: nothing is read
-    source = BuiltOnUse({split: corpus.corpus_path(split) for split in cache.SPLITS},
-                        functools.partial(_corpus_counts, root, "corpus", "documents"))
+    source = BuiltOnUse(
+        {split: corpus.corpus_path(split) for split in cache.SPLITS},
+        functools.partial(_corpus_counts, root, "corpus", "documents"),
+    )
     names = []
     for objective in objectives:
         name = f"builtin_{objective}"
@@ -235,17 +254,24 @@ def register(cache_dir: str | None = None) -> list[str]:
     `$T2T_CACHE_DIR`, read now); the corpus is built when first used."""
     root = os.path.abspath(cache_dir or cache.cache_root())
     vocabulary = CorpusVocabulary(root)
-    names = (register_pretraining(root, vocabulary) + register_supervised(root, vocabulary)
-             + register_benchmark(root, vocabulary))
+    names = (
+        register_pretraining(root, vocabulary)
+        + register_supervised(root, vocabulary)
+        + register_benchmark(root, vocabulary)
+    )
     multitask = ("builtin_span_corruption", *SUPERVISED_TASKS)
-    mixture_tasks = {"builtin_supervised": SUPERVISED_TASKS, "builtin_multitask": multitask,
-                     "builtin_glue": SUITE}
+    mixture_tasks = {
+        "builtin_supervised": SUPERVISED_TASKS,
+        "builtin_multitask": multitask,
+        "builtin_glue": SUITE,
+    }
     for left_out in SUPERVISED_TASKS:
-        name = f"builtin_leave_one_out_{left_out[len('builtin_'):]}"
+        name = f"builtin_leave_one_out_{left_out[len('builtin_') :]}"
         mixture_tasks[name] = tuple(t for t in multitask if t != left_out)
     for name, tasks in mixture_tasks.items():
-        registry.add_mixture(name, list(tasks), __name__,
-                             default_rate=mixing.examples_proportional())
+        registry.add_mixture(
+            name, list(tasks), __name__, default_rate=mixing.examples_proportional()
+        )
     return names + list(mixture_tasks) + _register_mixing()
 
 
@@ -258,8 +284,7 @@ def _register_mixing() -> list[str]:
     for k in MIXING_K:
         rates[f"builtin_glue_mt_k{k}"] = mixing.examples_proportional(k)
     for t in MIXING_TEMPERATURES:
-        rates[f"builtin_glue_mt_t{t}"] = mixing.examples_proportional(MIXING_K[-1],
-                                                                         temperature=t)
+        rates[f"builtin_glue_mt_t{t}"] = mixing.examples_proportional(MIXING_K[-1], temperature=t)
     mixture_tasks = {name: tasks for name in rates}
     # Table 12: supervised multi-task pre-training (no span corruption), and leave-one-out.
     middle = mixing.examples_proportional(MIXING_K[1])

@@ -32,14 +32,25 @@ def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:
     from preprocessors import postprocessors
 
     vocabulary = vocabulary or vocab.default_vocabulary()
-    glue.register_tfds_task("squad", SQUAD_TFDS_NAME, preprocessors.squad, vocabulary,
-                            metric_fns=[metrics.squad_em_f1], postprocess_fn=postprocessors.qa,
-                            splits={"train": "train", "validation": "validation"})
-    summarize = functools.partial(preprocessors.summarize, article_key="article", summary_key="highlights")
-    glue.register_tfds_task("cnn_dailymail", CNN_DAILYMAIL_TFDS_NAME, summarize, vocabulary,
-                            metric_fns=[metrics.rouge])
+    glue.register_tfds_task(
+        "squad",
+        SQUAD_TFDS_NAME,
+        preprocessors.squad,
+        vocabulary,
+        metric_fns=[metrics.squad_em_f1],
+        postprocess_fn=postprocessors.qa,
+        splits={"train": "train", "validation": "validation"},
+    )
+    summarize = functools.partial(
+        preprocessors.summarize, article_key="article", summary_key="highlights"
+    )
+    glue.register_tfds_task(
+        "cnn_dailymail", CNN_DAILYMAIL_TFDS_NAME, summarize, vocabulary, metric_fns=[metrics.rouge]
+    )
     for name, (tfds_name, language) in TRANSLATION.items():
-        translate = functools.partial(preprocessors.translate, source_language="en", target_language=language)
+        translate = functools.partial(
+            preprocessors.translate, source_language="en", target_language=language
+        )
         glue.register_tfds_task(name, tfds_name, translate, vocabulary, metric_fns=[metrics.bleu])
     return list(TASK_NAMES)
 

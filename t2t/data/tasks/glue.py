@@ -66,8 +66,16 @@ SUBTASKS = {
     # The diagnostic set has only unlabeled test data (scored by the GLUE server).
     "glue_ax": _glue("ax", [], splits={"test": "test"}),
 }
-TRAIN_TASKS = ("glue_cola", "glue_sst2", "glue_mrpc", "glue_qqp", "glue_stsb", "glue_mnli",
-               "glue_qnli", "glue_rte")
+TRAIN_TASKS = (
+    "glue_cola",
+    "glue_sst2",
+    "glue_mrpc",
+    "glue_qqp",
+    "glue_stsb",
+    "glue_mnli",
+    "glue_qnli",
+    "glue_rte",
+)
 EVAL_ONLY_TASKS = ("glue_wnli", "glue_mnli_matched", "glue_mnli_mismatched")
 
 
@@ -84,8 +92,12 @@ def classification_postprocessor(config: str) -> Callable:
 
 def supervised_preprocessors(formatter: Callable) -> list[Callable]:
     """Format raw records into text, tokenize, cache point, append EOS."""
-    return [formatter, seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-            seqio.preprocessors.append_eos_after_trim]
+    return [
+        formatter,
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
 
 
 def register_tfds_task(
@@ -133,9 +145,14 @@ def register_classification_task(
     import preprocessors
 
     return register_tfds_task(
-        name, task.tfds_name, preprocessors.text_preprocessor(task.tfds_name), vocabulary,
-        metric_fns=task.metric_fns, splits=task.splits,
-        postprocess_fn=postprocess_fn or classification_postprocessor(task.config))
+        name,
+        task.tfds_name,
+        preprocessors.text_preprocessor(task.tfds_name),
+        vocabulary,
+        metric_fns=task.metric_fns,
+        splits=task.splits,
+        postprocess_fn=postprocess_fn or classification_postprocessor(task.config),
+    )
 
 
 def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:

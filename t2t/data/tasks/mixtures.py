@@ -52,17 +52,28 @@ def register() -> list[str]:
         names.append(_add(f"all_temperature_t{t}", everything, rate))
     for size in mixing.ARTIFICIAL_UNLABELED_SIZES:
         pairs = mixing.paper_multitask_rates(
-            list(SUPERVISED_TASKS), UNLABELED_TASK, size, wmt_tasks=WMT_CAPPED)
+            list(SUPERVISED_TASKS), UNLABELED_TASK, size, wmt_tasks=WMT_CAPPED
+        )
         names.append(_add(f"all_multitask_{size}", pairs))
     for group, left_out in SUPERVISED_GROUPS.items():
         kept = [t for t in everything if t not in left_out]
-        names.append(_add(f"leave_one_out_{group}", kept, mixing.examples_proportional(MULTITASK_K)))
+        names.append(
+            _add(f"leave_one_out_{group}", kept, mixing.examples_proportional(MULTITASK_K))
+        )
     names.append(_add("supervised_equal", SUPERVISED_TASKS, 1.0))
-    names.append(_add(f"supervised_proportional_k{MULTITASK_K}", SUPERVISED_TASKS,
-                      mixing.examples_proportional(MULTITASK_K)))
+    names.append(
+        _add(
+            f"supervised_proportional_k{MULTITASK_K}",
+            SUPERVISED_TASKS,
+            mixing.examples_proportional(MULTITASK_K),
+        )
+    )
     names.append(_add("large_supervised_equal", LARGE_SUPERVISED_TASKS, 1.0))
-    names.append(_add("large_supervised_proportional", LARGE_SUPERVISED_TASKS,
-                      mixing.examples_proportional()))
+    names.append(
+        _add(
+            "large_supervised_proportional", LARGE_SUPERVISED_TASKS, mixing.examples_proportional()
+        )
+    )
     return names
 
 

@@ -33,9 +33,17 @@ CLASSIFICATION = {
     "super_glue_axg": ("axg", []),
 }
 TEST_ONLY = {"super_glue_axb", "super_glue_axg"}
-TRAIN_TASKS = ("super_glue_boolq", "super_glue_cb", "super_glue_copa", "super_glue_multirc",
-               "super_glue_record", "super_glue_rte", "super_glue_wic",
-               "super_glue_wsc_simple_train", "dpr_simple")
+TRAIN_TASKS = (
+    "super_glue_boolq",
+    "super_glue_cb",
+    "super_glue_copa",
+    "super_glue_multirc",
+    "super_glue_record",
+    "super_glue_rte",
+    "super_glue_wic",
+    "super_glue_wsc_simple_train",
+    "dpr_simple",
+)
 EVAL_ONLY_TASKS = ("super_glue_wsc_simple_eval",)
 
 
@@ -43,7 +51,9 @@ def _tfds(config: str) -> str:
     return f"super_glue/{config}:{TFDS_VERSION}"
 
 
-def record_metric(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]) -> dict:
+def record_metric(
+    targets: Sequence[Mapping[str, Any]], predictions: Sequence[Mapping[str, Any]]
+) -> dict:
     """ReCoRD EM/F1 over distinct queries.
 
     ReCoRD yields one example per correct answer, so a query with k answers is predicted k times;
@@ -54,7 +64,9 @@ def record_metric(targets: Sequence[Mapping[str, Any]], predictions: Sequence[Ma
     [{"value": "anne"}, {"value": "Bob"}] -> one query, exact match 100.
     """
     if len(targets) != len(predictions):
-        raise ValueError(f"Expected as many predictions as targets, got {len(predictions)} and {len(targets)}.")
+        raise ValueError(
+            f"Expected as many predictions as targets, got {len(predictions)} and {len(targets)}."
+        )
     first: dict[Any, tuple[list[str], str]] = {}
     for target, prediction in zip(targets, predictions):
         first.setdefault(target["group"], (target["value"], prediction["value"]))
@@ -78,22 +90,48 @@ def _register_special(vocabulary) -> list[str]:
     import preprocessors
     from preprocessors import postprocessors
 
-    glue.register_tfds_task("super_glue_record", _tfds("record"), preprocessors.record,
-                            vocabulary, metric_fns=[record_metric],
-                            postprocess_fn=postprocessors.record)
+    glue.register_tfds_task(
+        "super_glue_record",
+        _tfds("record"),
+        preprocessors.record,
+        vocabulary,
+        metric_fns=[record_metric],
+        postprocess_fn=postprocessors.record,
+    )
     wsc_train = functools.partial(preprocessors.wsc_simple, correct_referent_only=True)
-    glue.register_tfds_task("super_glue_wsc_simple_train", _tfds("wsc.fixed"), wsc_train,
-                            vocabulary, metric_fns=[metrics.accuracy],
-                            postprocess_fn=postprocessors.wsc_simple, splits={"train": "train"})
-    glue.register_tfds_task("super_glue_wsc_simple_eval", _tfds("wsc.fixed"),
-                            preprocessors.wsc_simple, vocabulary, metric_fns=[metrics.accuracy],
-                            postprocess_fn=postprocessors.wsc_simple,
-                            splits={"validation": "validation", "test": "test"})
+    glue.register_tfds_task(
+        "super_glue_wsc_simple_train",
+        _tfds("wsc.fixed"),
+        wsc_train,
+        vocabulary,
+        metric_fns=[metrics.accuracy],
+        postprocess_fn=postprocessors.wsc_simple,
+        splits={"train": "train"},
+    )
+    glue.register_tfds_task(
+        "super_glue_wsc_simple_eval",
+        _tfds("wsc.fixed"),
+        preprocessors.wsc_simple,
+        vocabulary,
+        metric_fns=[metrics.accuracy],
+        postprocess_fn=postprocessors.wsc_simple,
+        splits={"validation": "validation", "test": "test"},
+    )
     # DPR's target is always the referent: score the predicted noun phrase as exact text.
-    glue.register_tfds_task("dpr_simple", DPR_TFDS_NAME, preprocessors.dpr_simple, vocabulary,
-                            metric_fns=[metrics.accuracy], splits={"train": "train", "test": "test"})
-    return ["super_glue_record", "super_glue_wsc_simple_train", "super_glue_wsc_simple_eval",
-            "dpr_simple"]
+    glue.register_tfds_task(
+        "dpr_simple",
+        DPR_TFDS_NAME,
+        preprocessors.dpr_simple,
+        vocabulary,
+        metric_fns=[metrics.accuracy],
+        splits={"train": "train", "test": "test"},
+    )
+    return [
+        "super_glue_record",
+        "super_glue_wsc_simple_train",
+        "super_glue_wsc_simple_eval",
+        "dpr_simple",
+    ]
 
 
 def register(vocabulary: seqio.Vocabulary | None = None) -> list[str]:

@@ -31,7 +31,9 @@ OBJECTIVES = (
 TARGETS_ONLY_OBJECTIVES = frozenset({"full_lm"})
 
 
-def output_features(vocabulary: seqio.Vocabulary, *, has_inputs: bool = True) -> dict[str, seqio.Feature]:
+def output_features(
+    vocabulary: seqio.Vocabulary, *, has_inputs: bool = True
+) -> dict[str, seqio.Feature]:
     """`inputs` (if any) and `targets`, both with EOS appended, sharing one vocabulary."""
     features = {"targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)}
     if has_inputs:
@@ -87,8 +89,9 @@ def objective_function(objective: str, **knobs) -> Callable:
         import preprocessors
 
         function = _IMPLEMENTATIONS.get(objective) or getattr(preprocessors, objective)
-        return function(dataset, sequence_length=sequence_length,
-                        output_features=output_features, **knobs)
+        return function(
+            dataset, sequence_length=sequence_length, output_features=output_features, **knobs
+        )
 
     apply.__name__ = objective
     return apply
@@ -136,8 +139,13 @@ def register_pretraining_task(
         name,
         __name__,
         source=source,
-        preprocessors=[*source_preprocessors, *pretraining_preprocessors(objective, text_key, **knobs)],
-        output_features=output_features(vocabulary, has_inputs=objective not in TARGETS_ONLY_OBJECTIVES),
+        preprocessors=[
+            *source_preprocessors,
+            *pretraining_preprocessors(objective, text_key, **knobs),
+        ],
+        output_features=output_features(
+            vocabulary, has_inputs=objective not in TARGETS_ONLY_OBJECTIVES
+        ),
         metric_fns=[],
     )
 
@@ -181,7 +189,8 @@ def register_text_file_tasks(
             )
     counts = (
         {split: count_lines(pattern) for split, pattern in split_to_filepattern.items()}
-        if count_examples else None
+        if count_examples
+        else None
     )
     source = seqio.TextLineDataSource(dict(split_to_filepattern), num_input_examples=counts)
     names = []
