@@ -70,13 +70,9 @@ def infer(
     )
     predictor = Predictor(loaded.model, partitioner=partitioner, **predictor_options)
     if task is not None:
-        lengths = None
-        if inputs_length or targets_length:
-            if not (inputs_length and targets_length):
-                raise ValueError(
-                    "Pass both inputs_length and targets_length for a task, or neither."
-                )
-            lengths = {"inputs": inputs_length, "targets": targets_length}
+        if bool(inputs_length) != bool(targets_length):
+            raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")
+        lengths = {"inputs": inputs_length, "targets": targets_length} if inputs_length else None
         records = task_records(
             predictor,
             params,
@@ -97,16 +93,14 @@ def infer(
     # for an unbounded batch.
     trained = loaded.metadata.get("task_feature_lengths") or {}
     inputs_length = inputs_length or int(trained.get("inputs") or DEFAULT_INPUTS_LENGTH)
-    if mode == "score":
-        targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
-    cut = count_longer(
-        examples, vocabulary, inputs_length, targets_length if mode == "score" else None
-    )
     if mode == "predict":
+        _note_cut(examples, vocabulary, inputs_length, None)
         records = predict_examples(
             predictor, params, vocabulary, examples, inputs_length=inputs_length
         )
     else:
+        targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
+        _note_cut(examples, vocabulary, inputs_length, targets_length)
         records = score_examples(
             predictor,
             params,
@@ -115,17 +109,21 @@ def infer(
             inputs_length=inputs_length,
             targets_length=targets_length,
         )
+    return write_jsonl(output_file, records)
+
+
+def _note_cut(examples, vocabulary, inputs_length: int, targets_length: int | None) -> None:
+    """Tells on stderr how many examples are longer than the lengths (they will be cut)."""
+    cut = count_longer(examples, vocabulary, inputs_length, targets_length)
     if cut:
+        targets = f", targets {targets_length}" if targets_length else ""
         print(
-            f"note: {cut} of {len(examples)} examples' texts were longer "
-            f"than the feature lengths (inputs {inputs_length}"
-            + (f", targets {targets_length}" if mode == "score" else "")
-            + " tokens, EOS included) and were cut; set --inputs_length/--targets_length "
-            "to change them.",
+            f"note: {cut} of {len(examples)} examples' texts were longer than the feature "
+            f"lengths (inputs {inputs_length}{targets} tokens, EOS included) and were cut; set "
+            "--inputs_length/--targets_length to change them.",
             file=sys.stderr,
             flush=True,
         )
-    return write_jsonl(output_file, records)
 
 
 def _checkpoint_vocabulary(loaded, model_dir, checkpoints) -> seqio.Vocabulary:

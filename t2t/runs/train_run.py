@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -122,155 +123,161 @@ def train(
     )
     partitioning.initialize_distributed()
     with lock.hold(model_dir):  # one writer per model directory; fails fast when held
-        return _train(**{k: v for k, v in locals().items() if k not in ("partitioning", "lock")})
+        run = {k: v for k, v in locals().items() if k not in ("partitioning", "lock")}
+        return _train(types.SimpleNamespace(**run))
 
 
-def _train(
-    *,
-    model_dir,
-    mixture_or_task,
-    task_feature_lengths,
-    train_steps,
-    model_config,
-    batch_size,
-    model_fn,
-    optimizer,
-    learning_rate,
-    num_microbatches,
-    mesh_shape,
-    sharding_mode,
-    pack,
-    use_cached,
-    max_train_examples,
-    seed,
-    log_every,
-    checkpoint_every,
-    keep_checkpoints,
-    best_metrics,
-    eval_every,
-    eval_tasks,
-    eval_split,
-    eval_steps,
-    evaluators,
-    init_checkpoint,
-    finetuning,
-    early_stopping,
-    reduce_on_plateau,
-    num_predictions,
-    async_checkpoints,
-    progress,
-) -> dict[str, Any]:
-    """`train`'s body, run while holding the model directory's lock."""
+def _train(run: types.SimpleNamespace) -> dict[str, Any]:
+    """`train`'s body (its arguments are the attributes of `run`), run while holding the model
+    directory's lock."""
     from t2t import partitioning
-    from t2t.checkpoints.manager import BestMetric
-    from t2t.data import batches, pipeline, registry
-    from t2t.trainer import Trainer, predictions
+    from t2t.data import pipeline
 
-    import_task_modules((), [mixture_or_task, *eval_tasks])
-    use_carried_vocabulary(model_dir, init_checkpoint)
-    config = resolve_model_config(model_config, init_checkpoint)
-    model = model_fn(config)
-    partitioner = partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
+    import_task_modules((), [run.mixture_or_task, *run.eval_tasks])
+    use_carried_vocabulary(run.model_dir, run.init_checkpoint)
+    config = resolve_model_config(run.model_config, run.init_checkpoint)
+    model = run.model_fn(config)
+    partitioner = partitioning.make_partitioner(*run.mesh_shape, mode=run.sharding_mode)
+    train_config, eval_configs = _data_configs(run, config, model, partitioner)
+    train_data = pipeline.InputPipeline(train_config)
+    metadata = _run_metadata(run, train_data)
+    trainer = _make_trainer(run, model, partitioner, train_data, eval_configs, metadata)
+    vocabulary_file = metadata.get("vocabulary", {}).get("sentencepiece_model_file")
+    write_run_files(run.model_dir, config, vocabulary_file=vocabulary_file)
+    try:
+        summary = trainer.train(run.train_steps)
+        if trainer.is_chief:
+            _say_if_nothing_was_trained(run, summary, trainer.step)
+        shown = []
+        if run.num_predictions:
+            target = (
+                eval_configs[run.eval_tasks[0]]
+                if run.eval_tasks
+                else dataclasses.replace(train_config, split=run.eval_split, max_examples=None)
+            )
+            shown = _show_predictions(run, model, trainer, partitioner, target)
+    finally:
+        trainer.close()
+    write_run_files(run.model_dir, config)  # now with everything the run used
+    return {**summary, "predictions": shown}
+
+
+def _data_configs(run, config: TransformerConfig, model, partitioner):
+    """The pipeline of the training data and one per eval task, this host's shard of each."""
+    from t2t.data import pipeline
+
     shard_index, num_shards = partitioner.data_shard()
     data = dict(
-        task_feature_lengths=dict(task_feature_lengths),
-        global_batch_size=batch_size,
+        task_feature_lengths=dict(run.task_feature_lengths),
+        global_batch_size=run.batch_size,
         architecture=config.architecture,
         feature_converter=model.feature_converter,
-        pack=pack,
-        use_cached=use_cached,
-        seed=seed,
+        pack=run.pack,
+        use_cached=run.use_cached,
+        seed=run.seed,
         shard_index=shard_index,
         num_shards=num_shards,
     )
-    train_config = pipeline.PipelineConfig(mixture_or_task, **data, max_examples=max_train_examples)
-    train_data = pipeline.InputPipeline(train_config)
-    metadata = _data_metadata(
-        registry.get_task_or_mixture(mixture_or_task), mixture_or_task, task_feature_lengths
+    train_config = pipeline.PipelineConfig(
+        run.mixture_or_task, **data, max_examples=run.max_train_examples
     )
-    metadata["batch_size"] = batch_size
-    _check_resumable(model_dir, metadata)
+    eval_configs = {
+        name: pipeline.PipelineConfig(
+            name,
+            **{**data, "use_cached": False},
+            split=run.eval_split,
+            shuffle=False,
+            num_epochs=1,
+        )
+        for name in run.eval_tasks
+    }
+    return train_config, eval_configs
+
+
+def _run_metadata(run, train_data) -> dict[str, Any]:
+    """The checkpoints' metadata of the run's data, refused when the model directory's
+    checkpoints were trained on other data."""
+    from t2t.data import registry
+
+    provider = registry.get_task_or_mixture(run.mixture_or_task)
+    metadata = _data_metadata(provider, run.mixture_or_task, run.task_feature_lengths)
+    metadata["batch_size"] = run.batch_size
+    _check_resumable(run.model_dir, metadata)
     subset = getattr(train_data, "subset", None)
     if subset is not None:
         metadata["train_subset"] = subset
-    eval_configs = {
-        name: pipeline.PipelineConfig(
-            name, **{**data, "use_cached": False}, split=eval_split, shuffle=False, num_epochs=1
-        )
-        for name in eval_tasks
-    }
-    trainer = Trainer(
+    return metadata
+
+
+def _make_trainer(run, model, partitioner, train_data, eval_configs, metadata):
+    from t2t.checkpoints.manager import BestMetric
+    from t2t.data import batches
+    from t2t.trainer import Trainer
+
+    return Trainer(
         model,
-        optimizer(learning_rate=learning_rate),
+        run.optimizer(learning_rate=run.learning_rate),
         partitioner,
-        model_dir,
+        run.model_dir,
         train_data,
-        learning_rate=learning_rate,
-        num_microbatches=num_microbatches,
-        seed=seed,
-        log_every=log_every,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        best_metrics=[BestMetric(k, v) for k, v in (best_metrics or {}).items()],
-        eval_every=eval_every,
-        eval_data={k: batches.eval_batches(c, eval_steps) for k, c in eval_configs.items()},
-        evaluators=[make(model=model, partitioner=partitioner) for make in evaluators],
+        learning_rate=run.learning_rate,
+        num_microbatches=run.num_microbatches,
+        seed=run.seed,
+        log_every=run.log_every,
+        checkpoint_every=run.checkpoint_every,
+        keep_checkpoints=run.keep_checkpoints,
+        best_metrics=[BestMetric(k, v) for k, v in (run.best_metrics or {}).items()],
+        eval_every=run.eval_every,
+        eval_data={k: batches.eval_batches(c, run.eval_steps) for k, c in eval_configs.items()},
+        evaluators=[make(model=model, partitioner=partitioner) for make in run.evaluators],
         metadata=metadata,
-        init_checkpoint=init_checkpoint,
-        finetuning=finetuning,
-        early_stopping=early_stopping,
-        reduce_on_plateau=reduce_on_plateau,
-        async_checkpoints=async_checkpoints,
-        progress=progress,
+        init_checkpoint=run.init_checkpoint,
+        finetuning=run.finetuning,
+        early_stopping=run.early_stopping,
+        reduce_on_plateau=run.reduce_on_plateau,
+        async_checkpoints=run.async_checkpoints,
+        progress=run.progress,
     )
-    write_run_files(
-        model_dir,
-        config,
-        vocabulary_file=metadata.get("vocabulary", {}).get("sentencepiece_model_file"),
+
+
+def _say_if_nothing_was_trained(run, summary: Mapping[str, Any], step: int) -> None:
+    """Tells why a run that trained no step did not (it had stopped early, or was done)."""
+    stopped = summary["stopped_early"]
+    if stopped is not None and summary["first_step"] == step:
+        best = summary["best"].get("early_stopping", {})
+        metric = run.early_stopping.metric if run.early_stopping else "metric"
+        print(
+            f"nothing to train: this run stopped early at step {stopped} (best {metric} "
+            f"{best.get('value')} at step {best.get('step')}). Give a new MODEL_DIR to train "
+            "again.",
+            flush=True,
+        )
+    elif summary["first_step"] == step >= run.train_steps:
+        print(
+            f"nothing to train: the model directory is already at step {step}, the run's "
+            "train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to start over.",
+            flush=True,
+        )
+
+
+def _show_predictions(run, model, trainer, partitioner, target) -> list:
+    """Greedy predictions of the first `num_predictions` examples of `target` (printed by
+    process 0)."""
+    from t2t.data import registry
+    from t2t.trainer import predictions
+
+    provider = registry.get_task_or_mixture(run.mixture_or_task)
+    vocabulary = provider.output_features["targets"].vocabulary
+    shown = predictions.show_examples(
+        model, trainer.params, partitioner, target, vocabulary, run.num_predictions
     )
-    try:
-        summary = trainer.train(train_steps)
-        chief = trainer.is_chief
-        stopped = summary["stopped_early"]
-        if chief and stopped is not None and summary["first_step"] == trainer.step:
-            best = summary["best"].get("early_stopping", {})
-            print(
-                f"nothing to train: this run stopped early at step {stopped} (best "
-                f"{early_stopping.metric if early_stopping else 'metric'} {best.get('value')} "
-                f"at step {best.get('step')}). Give a new MODEL_DIR to train again.",
-                flush=True,
-            )
-        elif chief and summary["first_step"] == trainer.step >= train_steps:
-            print(
-                f"nothing to train: the model directory is already at step {trainer.step}, the "
-                "run's train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to "
-                "start over.",
-                flush=True,
-            )
-        shown = []
-        if num_predictions:
-            vocabulary = (
-                registry.get_task_or_mixture(mixture_or_task).output_features["targets"].vocabulary
-            )
-            target = (
-                eval_configs[eval_tasks[0]]
-                if eval_tasks
-                else dataclasses.replace(train_config, split=eval_split, max_examples=None)
-            )
-            shown = predictions.show_examples(
-                model, trainer.params, partitioner, target, vocabulary, num_predictions
-            )
-            if chief:
-                print(
-                    f"\nGreedy predictions after step {trainer.step} "
-                    f"({target.mixture_or_task}, {eval_split}):\n"
-                    f"{predictions.format_predictions(shown)}",
-                    flush=True,
-                )
-    finally:
-        trainer.close()
-    write_run_files(model_dir, config)  # now with everything the run used
-    return {**summary, "predictions": shown}
+    if trainer.is_chief:
+        print(
+            f"\nGreedy predictions after step {trainer.step} ({target.mixture_or_task}, "
+            f"{run.eval_split}):\n{predictions.format_predictions(shown)}",
+            flush=True,
+        )
+    return shown
 
 
 # The counts `train` takes: None allowed?, zero allowed?, the macro most gin files bind it by.
