@@ -483,7 +483,7 @@ def evaluate_ensemble(
         model_dir, list(checkpoints), partitioner=partitioner
     )
     evaluator = Evaluator(
-        loaded.model,
+        models.model_for(loaded.config),
         mixtures_or_tasks,
         partitioner=partitioner,
         console=console,

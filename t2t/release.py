@@ -68,7 +68,7 @@ def export(
     if step is not None:
         _check_architecture(directory.config(directory.resolve_step(step)))
     loaded = directory.load(step)  # the newest intact checkpoint when step is None
-    step, config = loaded.step, loaded.model.config
+    step, config = loaded.step, loaded.config
     _check_architecture(config)
     if vocabulary_file is None:
         vocabulary_file, extra_ids = directory.vocabulary_file(step)

@@ -7,8 +7,11 @@ the vocabulary from its `vocabulary` metadata, and restore the parameters, optio
 into the shards of a `t2t.partitioning.Partitioner`. This module is that one shared reader.
 
     model_dir = ModelDir("/runs/t5_small")
-    loaded = model_dir.load()                      # the latest step
-    tokens = loaded.model.predict_batch(loaded.params, batch)
+    loaded = model_dir.load()                      # the newest intact step
+    model = t2t.models.model_for(loaded.config)    # the caller builds the model wrapper
+    tokens = model.predict_batch(loaded.params, batch)
+
+The storage layer knows networks (their configs and parameter trees), not model wrappers.
 
 `load_members` loads several checkpoints (steps of one run, or other runs) as an ensemble.
 """
@@ -25,7 +28,6 @@ from typing import Any
 import seqio
 from flax import nnx
 
-from t2t import models
 from t2t import nn as t2t_nn
 from t2t.checkpoints import manager as manager_lib
 
@@ -38,10 +40,11 @@ VOCABULARY_FILE = "spiece.model"
 
 @dataclasses.dataclass
 class Loaded:
-    """One restored checkpoint: its step, the model wrapper, the parameters and the metadata."""
+    """One restored checkpoint: its step, its network's config, the parameters and the
+    metadata. `t2t.models.model_for(loaded.config)` is its model wrapper."""
 
     step: int
-    model: models.BaseModel
+    config: t2t_nn.TransformerConfig
     params: nnx.State
     metadata: dict[str, Any]
 
@@ -161,8 +164,8 @@ class ModelDir:
         restored = self._manager.restore(step, abstract_params=abstract)
         return restored.params, restored.metadata
 
-    def load(self, step: int | None = None, *, partitioner: Any = None, **model_kwargs) -> Loaded:
-        """The model wrapper and parameters of `step` (default: the newest intact checkpoint).
+    def load(self, step: int | None = None, *, partitioner: Any = None) -> Loaded:
+        """The network config and parameters of `step` (default: the newest intact checkpoint).
 
         With `step=None`, a checkpoint that cannot be read or fails its checksums is skipped
         for the one before it, with a warning on stderr naming what was damaged.
@@ -170,17 +173,16 @@ class ModelDir:
         Args:
           step: the step to restore.
           partitioner: see `restore_params`.
-          **model_kwargs: passed to the model wrapper (`models.model_for`).
 
         Raises:
           CorruptCheckpointError: `step` is damaged (or, for None, every checkpoint is).
         """
         if step is not None:
-            return self._load(self.resolve_step(step), partitioner, model_kwargs)
+            return self._load(self.resolve_step(step), partitioner)
         skipped = []
         for candidate in reversed(self.steps()):
             try:
-                loaded = self._load(candidate, partitioner, model_kwargs)
+                loaded = self._load(candidate, partitioner)
             except manager_lib.CorruptCheckpointError as error:
                 skipped.append(error)
                 print(f"{error}\nTrying the checkpoint before it.", file=sys.stderr, flush=True)
@@ -201,10 +203,10 @@ class ModelDir:
             "no intact checkpoint is left (`t2t check` lists what is damaged)",
         )
 
-    def _load(self, step: int, partitioner: Any, model_kwargs: dict[str, Any]) -> Loaded:
+    def _load(self, step: int, partitioner: Any) -> Loaded:
         config = self.config(step)
         params, metadata = self.restore_params(step, config=config, partitioner=partitioner)
-        return Loaded(step, models.model_for(config, **model_kwargs), params, metadata)
+        return Loaded(step, config, params, metadata)
 
     def check(self, report: Any = None) -> dict[int, tuple[str, list[str]]]:
         """Verifies every checkpoint against its checksums (`CheckpointManager.verify`).
@@ -230,7 +232,7 @@ def load_members(
     step: int | None = None,
     partitioner: Any = None,
 ) -> tuple[Loaded, nnx.State | tuple[nnx.State, ...]]:
-    """The model wrapper and parameters of one checkpoint or of an ensemble.
+    """The network config and parameters of one checkpoint or of an ensemble.
 
     Args:
       model_dir: the model directory (its `step`, default the latest, when no `checkpoints`).
@@ -240,7 +242,7 @@ def load_members(
       partitioner: restore into its shards.
 
     Returns:
-      `(loaded, params)`: the first member's `Loaded` (model wrapper, metadata) and
+      `(loaded, params)`: the first member's `Loaded` (network config, metadata) and
       its params, or a tuple of every member's params.
 
     Raises:
@@ -256,7 +258,7 @@ def load_members(
         path, member_step = parse_member(spec, model_dir)
         members.append(ModelDir(path).load(member_step, partitioner=partitioner))
     for member, spec in zip(members[1:], checkpoints[1:]):
-        if member.model.config != members[0].model.config:
+        if member.config != members[0].config:
             raise ValueError(
                 f"Ensemble member {spec!r} is a different network from {checkpoints[0]!r} "
                 "(configs differ); an ensemble averages the logits of one architecture and "

@@ -9,6 +9,7 @@ from typing import Any
 
 import seqio
 
+from t2t import models
 from t2t.inference.files import (
     DEFAULT_INPUTS_LENGTH,
     count_longer,
@@ -68,7 +69,9 @@ def infer(
     loaded, params = model_dir_lib.load_members(
         model_dir, checkpoints, step=step, partitioner=partitioner
     )
-    predictor = Predictor(loaded.model, partitioner=partitioner, **predictor_options)
+    predictor = Predictor(
+        models.model_for(loaded.config), partitioner=partitioner, **predictor_options
+    )
     if task is not None:
         if bool(inputs_length) != bool(targets_length):
             raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")

@@ -223,7 +223,10 @@ def test_sharded_prediction_equals_single_device(model_dir, predictor, vocabular
     kernel = params["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
     assert len(kernel.sharding.device_set) == 8  # restored straight into the mesh
     sharded = inference.Predictor(
-        loaded.model, batch_size=4, max_decode_length=LENGTH, partitioner=partitioner
+        models.model_for(loaded.config),
+        batch_size=4,
+        max_decode_length=LENGTH,
+        partitioner=partitioner,
     )
     examples = [{"inputs": text} for text, _ in TEXTS]
     single, _ = model_dir_lib.load_members(model_dir, step=10)
