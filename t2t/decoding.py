@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,13 +64,13 @@ BEAM_RULES = ("t5x", "hf")
 KERNEL_FIRST_ROWS = (2, 32)
 
 
-@gin.configurable(module="t2t.decoding")
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
     """How to decode, passed whole from the command line down to the decoding loop.
 
-    Gin binds it as `t2t.decoding.DecodingConfig.beam_size = 4`; the CLI's decoding flags
-    override those bindings.
+    Gin files bind it as `t2t.decoding.DecodingConfig.beam_size = 4` (registered at the gin
+    edge, `t2t.runs`, which builds it for the run functions); the CLI's decoding flags override
+    those bindings. This module itself carries no gin.
 
     Attributes:
       method: "greedy", "beam" or "sample".
@@ -137,7 +136,7 @@ class DecodingConfig:
 
     @classmethod
     def of(cls, config: DecodingConfig | None = None, **overrides) -> DecodingConfig:
-        """`config` (default: a `DecodingConfig()` with its gin bindings) with `overrides`."""
+        """`config` (default: `DecodingConfig()`) with `overrides`."""
         return dataclasses.replace(config if config is not None else cls(), **overrides)
 
 

@@ -16,16 +16,18 @@ differentiate them; the optimizer stays outside.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 from flax import nnx
 
 from t2t import decoding, losses
 from t2t import nn as t2t_nn
+
+if TYPE_CHECKING:  # seqio is the data layer's; the network, loss and decoding run without it
+    import seqio
 
 Batch = Mapping[str, jax.Array]
 
@@ -295,7 +297,7 @@ class BaseModel:
           batch: model features; encoder-decoder uses `encoder_input_tokens`, decoder-only the
             prompt in `decoder_input_tokens` with `decoder_causal_attention` marking it.
           config: a `t2t.decoding.DecodingConfig` (method, beam size and rule, lengths,
-            sampling; default: `DecodingConfig()` with its gin bindings). Decoding longer than
+            sampling; default: `DecodingConfig()`). Decoding longer than
             its `first_cache_length` runs in phases of a growing self-attention cache (see
             `t2t.decoding`); the tokens do not change.
           **kwargs: `rng` (sampling), and fields of `DecodingConfig` replacing the config's.

@@ -72,9 +72,7 @@ def run_handler(
             kwargs["method"] = "beam"
         fields = {name: kwargs.pop(name) for name in list(kwargs) if name in _DECODING_FIELDS}
         if fields:  # the fields not given keep their gin bindings
-            from t2t import decoding
-
-            kwargs["decoding_config"] = decoding.DecodingConfig(**fields)
+            kwargs["decoding_config"] = runs.externals.decoding_config(**fields)
         getattr(runs, function_name)(**kwargs)
 
     return handler

@@ -43,8 +43,8 @@ class Predictor:
         """
         Args:
           model: the model wrapper (`t2t.models`).
-          config: how to decode (`t2t.decoding.DecodingConfig`; default: `DecodingConfig()`
-            with its gin bindings). Its `max_decode_length` None decodes the examples' targets
+          config: how to decode (`t2t.decoding.DecodingConfig`; default: `DecodingConfig()`).
+            Its `max_decode_length` None decodes the examples' targets
             length; its `seed` seeds sampling.
           batch_size: rows per call (the global batch with a partitioner).
           partitioner: a `t2t.partitioning.Partitioner` whose shards the parameters live in;

@@ -11,6 +11,7 @@ import gin
 
 from t2t import decoding
 from t2t.runs import helpers
+from t2t.runs.externals import decoding_config as gin_decoding_config
 
 
 @gin.configurable(module="t2t.runs")
@@ -87,7 +88,7 @@ def evaluate(
         num_examples=num_examples,
         rank_classification=rank_classification,
         batch_size=batch_size,
-        config=decoding_config,
+        config=gin_decoding_config(decoding_config),
     )
     if checkpoints is not None:
         if choices:
@@ -149,7 +150,7 @@ def seqio_evaluator(
         log_dir=os.path.join(model_dir, "eval") if model_dir else None,
         partitioner=partitioner,
         batch_size=batch_size,
-        config=decoding_config,
+        config=gin_decoding_config(decoding_config),
         rank_classification=rank_classification,
     )
 
@@ -219,7 +220,7 @@ def infer(
         num_examples=num_examples,
         partitioner=helpers.partitioner_for(mesh_shape, sharding_mode),
         batch_size=batch_size,
-        config=decoding_config,
+        config=gin_decoding_config(decoding_config),
     )
     print(f"wrote {count} records to {output_file}")
     return count

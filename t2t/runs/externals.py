@@ -12,7 +12,7 @@ from collections.abc import Callable
 import gin
 import optax
 
-from t2t import models, optim
+from t2t import decoding, models, optim
 from t2t import nn as t2t_nn
 from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
@@ -35,6 +35,7 @@ def _register_externals() -> dict[str, Callable]:
     registered = {}
     for module, functions in (
         ("t2t.nn", (t2t_nn.get_preset,)),
+        ("t2t.decoding", (decoding.DecodingConfig,)),
         (
             "t2t.optim",
             (
@@ -59,6 +60,17 @@ def _register_externals() -> dict[str, Callable]:
 
 
 EXTERNALS = _register_externals()
+
+
+def decoding_config(
+    config: decoding.DecodingConfig | None = None, **fields
+) -> decoding.DecodingConfig:
+    """`config` when given, else a `DecodingConfig` with the gin files' bindings
+    (`t2t.decoding.DecodingConfig.beam_size = 4`) and `fields` over them: how a run function
+    turns gin's decoding options into the one config the library takes."""
+    if config is not None:
+        return decoding.DecodingConfig.of(config, **fields)
+    return EXTERNALS["t2t.decoding.DecodingConfig"](**fields)
 
 
 def _register_objectives() -> None:
