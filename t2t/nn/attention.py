@@ -1,7 +1,8 @@
 """Multi-head dot-product attention with T5's conventions and a key/value cache for decoding.
 
-Kernels are 2-D (`[D, N*H]` and `[N*H, D]`) so Adafactor factors them like T5 did. The bias
-(relative position plus mask) is computed once per stack by the caller and only added here.
+Kernels are 2-D (`[D, N*H]` and `[N*H, D]`) so Adafactor factors them like T5 did. The relative
+position bias ([1, N, L, S], computed once per stack) and the mask (a `masks.Visibility`) reach
+the attention op apart; `t2t.nn.attention_ops` combines them inside the kernel it runs.
 
 The decoding cache stores keys and values as [B, N, S, H]: a one-token step then reads them as a
 batched matrix-vector product without transposing the cache (measured 2.5x faster on CPU than
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from t2t.nn import axes, layers
+from t2t.nn import attention_ops, axes, layers, masks
 from t2t.nn.config import TransformerConfig
 from t2t.nn.sharding import constrain
 
@@ -27,6 +28,7 @@ class MultiHeadAttention(nnx.Module):
         self.d_kv = config.d_kv
         self.dtype = config.compute_dtype
         self.dropout_rate = config.dropout_rate
+        self.implementation = config.attention_impl
         d, inner = config.d_model, config.inner_dim
         in_names = (axes.EMBED, axes.JOINED_KV)
 
@@ -66,6 +68,7 @@ class MultiHeadAttention(nnx.Module):
         inputs_q: jax.Array,
         inputs_kv: jax.Array,
         bias: jax.Array | None,
+        visibility: masks.Visibility,
         *,
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
@@ -74,15 +77,15 @@ class MultiHeadAttention(nnx.Module):
         Args:
           inputs_q: [B, L, D].
           inputs_kv: [B, S, D].
-          bias: float32, broadcastable to [B, N, L, S] (relative position bias plus mask bias),
-            or None.
+          bias: [1, N, L, S] relative position bias, or None.
+          visibility: which keys each query may see.
           rngs: dropout on the attention weights when given.
 
         Returns:
           [B, L, D].
         """
         k, v = self.project_kv(inputs_kv)
-        return self.attend(inputs_q, k, v, bias, rngs=rngs)
+        return self.attend(inputs_q, k, v, bias, visibility, rngs=rngs)
 
     def attend(
         self,
@@ -90,6 +93,7 @@ class MultiHeadAttention(nnx.Module):
         k: jax.Array,
         v: jax.Array,
         bias: jax.Array | None,
+        visibility: masks.Visibility,
         *,
         rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
@@ -99,19 +103,25 @@ class MultiHeadAttention(nnx.Module):
           inputs_q: [B, L, D] (L = 1 in a decoding step).
           k: [B, N, S, H] keys.
           v: [B, N, S, H] values.
-          bias: float32, broadcastable to [B, N, L, S], or None.
+          bias: [1, N, L, S] relative position bias, [R, N, 1, S] in a decoding step, or None.
+          visibility: which keys each query may see.
           rngs: dropout on the attention weights when given.
 
         Returns:
           [B, L, D].
         """
         q = constrain(self._split_heads(self.query(inputs_q)), axes.BLNH)  # [B, L, N, H]
-        logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=jnp.float32)
-        if bias is not None:
-            logits = logits + bias
-        weights = jax.nn.softmax(logits, axis=-1)  # [B, N, L, S] float32
-        weights = layers.dropout(weights, self.dropout_rate, rngs).astype(self.dtype)
-        out = constrain(jnp.einsum("BNLS,BNSH->BLNH", weights, v), axes.BLNH)  # [B, L, N, H]
+        out = attention_ops.attention(
+            q,
+            k,
+            v.astype(self.dtype),
+            bias,
+            visibility,
+            implementation=self.implementation,
+            dropout_rate=self.dropout_rate,
+            rngs=rngs,
+        )
+        out = constrain(out, axes.BLNH)  # [B, L, N, H]
         return self.out(out.reshape(*out.shape[:2], -1))  # [B, L, D]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from t2t.nn import attention, axes, layers
+from t2t.nn import attention, axes, layers, masks
 from t2t.nn.config import TransformerConfig
 from t2t.nn.sharding import constrain
 
@@ -28,10 +28,17 @@ class EncoderLayer(nnx.Module):
         self.pre_mlp_layer_norm = layers.RMSNorm(config, rngs=rngs)
         self.mlp = layers.Mlp(config, rngs=rngs)
 
-    def __call__(self, x: jax.Array, bias: jax.Array | None, *, rngs=None) -> jax.Array:
-        """[B, L, D] -> [B, L, D]; `bias` broadcasts to [B, N, L, L]."""
+    def __call__(
+        self,
+        x: jax.Array,
+        bias: jax.Array | None,
+        visibility: masks.Visibility,
+        *,
+        rngs=None,
+    ) -> jax.Array:
+        """[B, L, D] -> [B, L, D]; `bias` [1, N, L, L] relative positions, `visibility` the mask."""
         y = self.pre_attention_layer_norm(x)
-        y = self.attention(y, y, bias, rngs=rngs)
+        y = self.attention(y, y, bias, visibility, rngs=rngs)
         x = x + layers.dropout(y, self.dropout_rate, rngs)
         y = self.mlp(self.pre_mlp_layer_norm(x), rngs=rngs)
         return constrain(x + layers.dropout(y, self.dropout_rate, rngs), axes.BLD)
@@ -80,8 +87,9 @@ class DecoderLayer(nnx.Module):
         self,
         x: jax.Array,
         self_bias: jax.Array | None,
+        self_visibility: masks.Visibility,
         encoded: jax.Array | None = None,
-        cross_bias: jax.Array | None = None,
+        cross_visibility: masks.Visibility | None = None,
         *,
         shared: EncoderLayer | None = None,
         rngs: nnx.Rngs | None = None,
@@ -90,9 +98,10 @@ class DecoderLayer(nnx.Module):
 
         Args:
           x: [B, T, D].
-          self_bias: broadcastable to [B, N, T, T] (relative position + causal/packing mask).
+          self_bias: [1, N, T, T] relative position bias.
+          self_visibility: the causal (and packing, prefix) mask of self-attention.
           encoded: [B, L, D] encoder output (encoder-decoder only).
-          cross_bias: broadcastable to [B, N, T, L].
+          cross_visibility: which encoder positions each target position may see.
           shared: the encoder layer to borrow from (shared encoder-decoder only).
           rngs: dropout when given.
 
@@ -103,17 +112,17 @@ class DecoderLayer(nnx.Module):
         norm, self_attention, mlp_norm, mlp = self._borrowed(shared)
         y = norm(x)
         k, v = self_attention.project_kv(y)
-        y = self_attention.attend(y, k, v, self_bias, rngs=rngs)
+        y = self_attention.attend(y, k, v, self_bias, self_visibility, rngs=rngs)
         x = x + layers.dropout(y, self.dropout_rate, rngs)
         if self.has_cross_attention:
             cross_kv = self.encoder_decoder_attention.project_kv(encoded)
-            x = self._cross_attend(x, cross_kv, cross_bias, rngs)
+            x = self._cross_attend(x, cross_kv, cross_visibility, rngs)
         y = mlp(mlp_norm(x), rngs=rngs)
         return constrain(x + layers.dropout(y, self.dropout_rate, rngs), axes.BLD), (k, v)
 
-    def _cross_attend(self, x, cross_kv: KV, cross_bias, rngs):
+    def _cross_attend(self, x, cross_kv: KV, cross_visibility, rngs):
         y = self.pre_cross_attention_layer_norm(x)
-        y = self.encoder_decoder_attention.attend(y, *cross_kv, cross_bias, rngs=rngs)
+        y = self.encoder_decoder_attention.attend(y, *cross_kv, None, cross_visibility, rngs=rngs)
         return x + layers.dropout(y, self.dropout_rate, rngs)
 
     def step(
@@ -122,8 +131,9 @@ class DecoderLayer(nnx.Module):
         cache: dict[str, jax.Array],
         index: jax.Array,
         self_bias: jax.Array,
+        self_visibility: masks.Visibility,
         cross_kv: KV | None = None,
-        cross_bias: jax.Array | None = None,
+        cross_visibility: masks.Visibility | None = None,
         *,
         shared: EncoderLayer | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -134,9 +144,10 @@ class DecoderLayer(nnx.Module):
             (row r belongs to input r // K).
           cache: `self_key`, `self_value` [R, N, S, H].
           index: [R] int32, the position of the new token in each row.
-          self_bias: [R, N, 1, S], relative position bias plus the causal mask for the new row.
+          self_bias: [R, N, 1, S], the relative position bias of the new row.
+          self_visibility: the cache positions each row may see ([R, 1, 1, S] `dense`).
           cross_kv: the encoded inputs' keys and values, each [B, N, L, H] (with cross-attention).
-          cross_bias: [B, 1, 1, L] encoder padding bias.
+          cross_visibility: the encoder positions that are not padding ([B, L] `key_valid`).
           shared: the encoder layer to borrow from (shared encoder-decoder only).
 
         Returns:
@@ -148,9 +159,11 @@ class DecoderLayer(nnx.Module):
         cache = dict(cache)
         cache["self_key"] = attention.write_cache(cache["self_key"], k_new, index)
         cache["self_value"] = attention.write_cache(cache["self_value"], v_new, index)
-        x = x + self_attention.attend(y, cache["self_key"], cache["self_value"], self_bias)
+        x = x + self_attention.attend(
+            y, cache["self_key"], cache["self_value"], self_bias, self_visibility
+        )
         if self.has_cross_attention:
-            x = self._cross_attend_beams(x, cross_kv, cross_bias)
+            x = self._cross_attend_beams(x, cross_kv, cross_visibility)
         return x + mlp(mlp_norm(x)), cache
 
     def prepare_for_steps(self, shared: EncoderLayer | None = None) -> None:
@@ -162,7 +175,7 @@ class DecoderLayer(nnx.Module):
             cross = self.encoder_decoder_attention
             layers.prepare_for_steps(cross.query, cross.out)
 
-    def _cross_attend_beams(self, x: jax.Array, cross_kv: KV, cross_bias) -> jax.Array:
+    def _cross_attend_beams(self, x: jax.Array, cross_kv: KV, cross_visibility) -> jax.Array:
         """Cross-attention of [B * K, 1, D] beam rows over their inputs' [B, N, L, H] keys.
 
         NOTE: the K beams of an input are attended as K query positions over one copy of its
@@ -175,4 +188,4 @@ class DecoderLayer(nnx.Module):
                 f"({inputs}): K beams per input."
             )
         beams = x.reshape(inputs, rows // inputs, x.shape[-1])  # [B, K, D]
-        return self._cross_attend(beams, cross_kv, cross_bias, None).reshape(x.shape)
+        return self._cross_attend(beams, cross_kv, cross_visibility, None).reshape(x.shape)

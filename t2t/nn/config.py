@@ -23,6 +23,8 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # What the backward pass keeps of each layer's forward pass (`t2t.nn.stacking.REMAT_POLICIES`).
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 PARAM_DTYPES = ("float32", "bfloat16")
+# How attention is computed (`t2t.nn.attention_ops`): "auto" picks per platform and call site.
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 # The dense layers LoRA may adapt (`TransformerConfig.lora_targets`), by module name: attention
 # projections (self- and cross-attention alike), MLP kernels, and the untied output projection.
 LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo", "logits_dense")
@@ -72,6 +74,10 @@ class TransformerConfig:
       lora_targets: module names of the dense layers LoRA adapts, from `LORA_TARGETS`.
       prompt_length: P, learned vectors prepended to the embedded encoder inputs (prompt
         tuning). 0: no prompt. Encoder-decoder architectures, unpacked inputs only.
+      attention_impl: how attention is computed, `t2t.nn.attention_ops`: "xla" (everywhere),
+        "cudnn" (cuDNN flash attention on NVIDIA GPUs, bfloat16, no attention dropout) or
+        "auto" (cuDNN where it is measured faster, XLA elsewhere). Speed only: every
+        implementation computes the same function.
     """
 
     vocab_size: int
@@ -97,6 +103,7 @@ class TransformerConfig:
     lora_alpha: float | None = None
     lora_targets: tuple[str, ...] = ("query", "value")
     prompt_length: int = 0
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         # Normalize inputs that arrive as lists (JSON, gin) or dtype objects to canonical forms,
@@ -151,6 +158,11 @@ class TransformerConfig:
         if not isinstance(self.scan_layers, bool):
             raise TypeError(
                 f"TransformerConfig.scan_layers must be a bool, got {self.scan_layers!r}."
+            )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"TransformerConfig.attention_impl must be one of {ATTENTION_IMPLS}, got "
+                f"{self.attention_impl!r}."
             )
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(

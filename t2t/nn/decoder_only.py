@@ -35,15 +35,14 @@ class DecoderOnly(nnx.Module):
         self.token_embedder = layers.Embed(config, rngs=rngs)
         self.decoder = stacks.Decoder(config, cross_attention=False, rngs=rngs)
 
-    def _self_mask(self, length, decoder_segment_ids, decoder_causal_attention):
-        if decoder_causal_attention is None:
-            visible = masks.causal_mask(length)
-        else:
-            visible = masks.prefix_lm_mask(decoder_causal_attention)
-        segments = None
-        if decoder_segment_ids is not None:
-            segments = masks.segment_mask(decoder_segment_ids, decoder_segment_ids)
-        return masks.combine_masks(visible, segments)
+    def _visibility(self, decoder_segment_ids, decoder_causal_attention) -> masks.Visibility:
+        """Causal, widened to the fully visible prefix of a prefix LM, within packed segments."""
+        return masks.Visibility(
+            causal=True,
+            prefix=None if decoder_causal_attention is None else decoder_causal_attention > 0,
+            query_segments=decoder_segment_ids,
+            key_segments=decoder_segment_ids,
+        )
 
     def __call__(
         self,
@@ -69,11 +68,9 @@ class DecoderOnly(nnx.Module):
         """
         del decoder_positions
         check_tokens("decoder_input_tokens", decoder_input_tokens)
-        mask = self._self_mask(
-            decoder_input_tokens.shape[1], decoder_segment_ids, decoder_causal_attention
-        )
+        visibility = self._visibility(decoder_segment_ids, decoder_causal_attention)
         x = self.token_embedder(decoder_input_tokens)
-        return self.decoder(x, mask, embedder=self.token_embedder, rngs=rngs)
+        return self.decoder(x, visibility, embedder=self.token_embedder, rngs=rngs)
 
     def init_cache(
         self,
@@ -113,9 +110,11 @@ class DecoderOnly(nnx.Module):
         if prompt_lengths is None:
             prompt_lengths = jnp.full((batch,), prompt_length, jnp.int32)
         if prompt_length:
-            mask = self._self_mask(prompt_length, None, decoder_causal_attention)
+            visibility = self._visibility(None, decoder_causal_attention)
             x = self.token_embedder(decoder_input_tokens)
-            _, kvs = self.decoder.run_layers(x, mask, None, None, None, None, return_kv=True)
+            _, kvs = self.decoder.run_layers(
+                x, visibility, None, None, None, None, return_kv=True
+            )
             for i, (k, v) in enumerate(kvs):
                 layer = cache[f"layers_{i}"]
                 layer["self_key"] = _write_prefix(layer["self_key"], k)

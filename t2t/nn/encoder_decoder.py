@@ -83,12 +83,14 @@ class EncoderDecoder(nnx.Module):
         if self.prompt_length:
             _refuse_packed_prompt(encoder_segment_ids)
             x = self.prompt.prepend(x)  # [B, P + L, D]
-        keys = self.encoder_keys(encoder_input_tokens)
-        mask = masks.combine_masks(
-            masks.padding_mask(keys, keys),
-            _segments(masks.segment_mask, encoder_segment_ids, encoder_segment_ids),
+        valid = self.encoder_keys(encoder_input_tokens) > 0  # [B, L] (P + L with a prompt)
+        visibility = masks.Visibility(
+            query_valid=valid,
+            key_valid=valid,
+            query_segments=encoder_segment_ids,
+            key_segments=encoder_segment_ids,
         )
-        return self.encoder(x, mask, rngs=rngs)
+        return self.encoder(x, visibility, rngs=rngs)
 
     def decode(
         self,
@@ -117,23 +119,23 @@ class EncoderDecoder(nnx.Module):
         """
         del decoder_positions
         check_tokens("decoder_input_tokens", decoder_input_tokens)
-        length = decoder_input_tokens.shape[1]
+        _check_packing(encoder_segment_ids, decoder_segment_ids)
         # NOTE: no decoder padding mask: padding is at the end of each row (or a separate
         # segment when packed), so the causal mask already hides it from real positions.
-        self_mask = masks.combine_masks(
-            masks.causal_mask(length),
-            _segments(masks.segment_mask, decoder_segment_ids, decoder_segment_ids),
+        self_visibility = masks.Visibility(
+            causal=True, query_segments=decoder_segment_ids, key_segments=decoder_segment_ids
         )
-        cross_mask = masks.combine_masks(
-            masks.key_padding_mask(self.encoder_keys(encoder_input_tokens)),
-            _segments(masks.segment_mask, decoder_segment_ids, encoder_segment_ids),
+        cross_visibility = masks.Visibility(
+            key_valid=self.encoder_keys(encoder_input_tokens) > 0,
+            query_segments=decoder_segment_ids,
+            key_segments=encoder_segment_ids,
         )
         x = self.token_embedder(decoder_input_tokens)
         return self.decoder(
             x,
-            self_mask,
+            self_visibility,
             encoded,
-            cross_mask,
+            cross_visibility,
             embedder=self.token_embedder,
             shared_layers=self._shared_layers(),
             rngs=rngs,
@@ -178,14 +180,14 @@ class EncoderDecoder(nnx.Module):
         Returns:
           A dict pytree, every leaf batch-first: `index` [B] int32 (0), per layer `layers_{i}`:
           `self_key`/`self_value` [B, N, S, H] (zeros), and under `shared` (the per-input
-          entries that beam search keeps at B rows, see `t2t.decoding`): `cross_bias` [B, L]
-          float32 and per layer `layers_{i}`: `cross_key`/`cross_value` [B, N, L, H].
+          entries that beam search keeps at B rows, see `t2t.decoding`): `cross_key_valid`
+          [B, L] bool (the encoder positions that are not padding) and per layer `layers_{i}`: `cross_key`/`cross_value` [B, N, L, H].
         """
         c = self.config
         cache = self.decoder.empty_cache(
             encoded.shape[0], max_decode_length, c.num_heads, c.d_kv, c.compute_dtype
         )
-        per_input = {"cross_bias": masks.mask_to_bias(self.encoder_keys(encoder_input_tokens) > 0)}
+        per_input = {"cross_key_valid": self.encoder_keys(encoder_input_tokens) > 0}
         for i, layer in enumerate(self.decoder.unrolled_layers()):
             k, v = layer.encoder_decoder_attention.project_kv(encoded)
             per_input[f"layers_{i}"] = {"cross_key": k, "cross_value": v}
@@ -232,13 +234,6 @@ def _check_packing(encoder_segment_ids, decoder_segment_ids) -> None:
             "Packed inputs need segment ids for both encoder and decoder; got only one of "
             "encoder_segment_ids / decoder_segment_ids."
         )
-
-
-def _segments(mask_fn, query_segment_ids, key_segment_ids):
-    if query_segment_ids is None and key_segment_ids is None:
-        return None
-    _check_packing(query_segment_ids, key_segment_ids)
-    return mask_fn(query_segment_ids, key_segment_ids)
 
 
 def check_tokens(name: str, tokens: jax.Array) -> None:

@@ -64,7 +64,9 @@ def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None) -> jax.Array:
         return x
     # P(keep) = 1 - rate, exact to 2**-32.
     keep = hashed_bits(rngs.dropout(), x.shape) >= jnp.uint32(round(rate * 2**32))
-    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+    # NOTE: a product with the 0/1 mask, equal to selecting 0 for finite x: a select would keep
+    # a full-shape zero for its backward pass, which JAX hoists out of a scanned stack.
+    return (x / jnp.asarray(1.0 - rate, x.dtype)) * keep.astype(x.dtype)
 
 
 def _mix32(h: jax.Array) -> jax.Array:
@@ -97,15 +99,26 @@ def hashed_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         return _mix32(_mix32(seeds[0]) ^ seeds[1])
     # Index within the last two dimensions, and within the leading ones: neither overflows
     # uint32 for any realistic tensor, unlike a single flat index.
+    # NOTE: each index is built at its own small shape ([1, .., 1, L, S] and [B, N, .., 1, 1])
+    # and meets the other only after the key is mixed in. Full-shape indices would depend on
+    # nothing, and inside a scanned stack JAX hoists such values out of the layers' loop as
+    # residuals: three [B, N, L, S] uint32 arrays per stack for the attention weights' dropout.
     rank = len(shape)
-    low = jax.lax.broadcasted_iota(jnp.uint32, shape, rank - 1)
-    high = jnp.zeros(shape, jnp.uint32)
+    ones = (1,) * max(rank - 2, 0)
+    low_shape = ones + tuple(shape[-2:])
+    low = jax.lax.broadcasted_iota(jnp.uint32, low_shape, rank - 1)
     if rank >= 2:
-        low = low + jax.lax.broadcasted_iota(jnp.uint32, shape, rank - 2) * jnp.uint32(shape[-1])
+        low = low + jax.lax.broadcasted_iota(jnp.uint32, low_shape, rank - 2) * jnp.uint32(
+            shape[-1]
+        )
+    high_shape = tuple(shape[:-2]) + (1,) * min(rank, 2)
+    high = jnp.zeros(high_shape, jnp.uint32)
     for axis in range(rank - 2):
-        high = high * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
-    h = _mix32(low * jnp.uint32(0x9E3779B9) + seeds[0])
-    return _mix32(h ^ (high * jnp.uint32(0x7FEB352D) + seeds[1]))
+        high = high * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(
+            jnp.uint32, high_shape, axis
+        )
+    h = _mix32(low * jnp.uint32(0x9E3779B9) + seeds[0])  # [1, .., 1, L, S]
+    return jnp.broadcast_to(_mix32(h ^ (high * jnp.uint32(0x7FEB352D) + seeds[1])), shape)
 
 
 class Dense(nnx.Module):

@@ -1,8 +1,10 @@
 """The encoder and decoder stacks: embeddings dropout, layers, final norm, logits.
 
-Each stack owns one relative position table and computes the attention bias (relative position
-plus mask) once per call, for all of its layers. Token embedding lives in the model (it is shared
-by encoder, decoder and tied logits); stacks receive embedded tokens.
+Each stack owns one relative position table and computes its bias [1, N, L, S] once per call,
+for all of its layers; the mask travels beside it as a boolean `masks.Visibility`, and the two
+meet only inside the attention op (`t2t.nn.attention_ops`): nothing of size [B, N, L, S] is made
+or accumulated outside it. Token embedding lives in the model (it is shared by encoder, decoder
+and tied logits); stacks receive embedded tokens.
 
 NOTE: T5 has no absolute positions. Relative positions are computed from the index within the
 row; inside a packed segment these differences equal the differences of the segment's own
@@ -58,17 +60,15 @@ class Encoder(nnx.Module):
         """The stacked layers module (scanned) or the list of layers, for `apply_layers`."""
         return _layer_modules(self)
 
-    def __call__(self, x: jax.Array, mask: jax.Array | None, *, rngs=None) -> jax.Array:
-        """[B, L, D] embedded inputs, [B, 1, L, L] bool mask -> [B, L, D]."""
+    def __call__(self, x: jax.Array, visibility: masks.Visibility, *, rngs=None) -> jax.Array:
+        """[B, L, D] embedded inputs and what each position may see -> [B, L, D]."""
         length = x.shape[1]
         positions = jnp.arange(length)
         bias = self.relpos_bias(positions, positions)  # [1, N, L, L]
-        if mask is not None:
-            bias = bias + masks.mask_to_bias(mask)  # [B, N, L, L]
         x = layers.dropout(x, self.dropout_rate, rngs)
 
         def body(layer, _, x, layer_rngs):
-            return layer(x, bias, rngs=layer_rngs), None
+            return layer(x, bias, visibility, rngs=layer_rngs), None
 
         x, _ = stacking.apply_layers(
             body,
@@ -130,9 +130,9 @@ class Decoder(nnx.Module):
     def __call__(
         self,
         x: jax.Array,
-        self_mask: jax.Array,
+        self_visibility: masks.Visibility,
         encoded: jax.Array | None = None,
-        cross_mask: jax.Array | None = None,
+        cross_visibility: masks.Visibility | None = None,
         *,
         embedder: layers.Embed,
         shared_layers: list[blocks.EncoderLayer] | None = None,
@@ -142,9 +142,9 @@ class Decoder(nnx.Module):
 
         Args:
           x: [B, T, D] embedded decoder inputs.
-          self_mask: [B or 1, 1, T, T] bool.
+          self_visibility: the causal (and packing, prefix) mask of self-attention.
           encoded: [B, L, D] encoder output, or None without cross-attention.
-          cross_mask: [B, 1, T or 1, L] bool.
+          cross_visibility: which encoder positions each target position may see.
           embedder: the token embedding (for tied logits).
           shared_layers: the encoder's layers to borrow from (shared encoder-decoder only),
             as `Encoder.layer_modules()` gives them.
@@ -153,22 +153,37 @@ class Decoder(nnx.Module):
         Returns:
           logits [B, T, V] float32.
         """
-        x, _ = self.run_layers(x, self_mask, encoded, cross_mask, shared_layers, rngs)
+        x, _ = self.run_layers(x, self_visibility, encoded, cross_visibility, shared_layers, rngs)
         return self.logits(x, embedder, rngs)
 
     def run_layers(
-        self, x, self_mask, encoded, cross_mask, shared_layers, rngs, *, return_kv: bool = False
+        self,
+        x,
+        self_visibility,
+        encoded,
+        cross_visibility,
+        shared_layers,
+        rngs,
+        *,
+        return_kv: bool = False,
     ):
         """The layers over [B, T, D]; returns the output and, with `return_kv`, every layer's
         self-attention keys and values (else an empty list)."""
         length = x.shape[1]
         positions = jnp.arange(length)
-        self_bias = self.relpos_bias(positions, positions) + masks.mask_to_bias(self_mask)
-        cross_bias = masks.mask_to_bias(cross_mask)
+        self_bias = self.relpos_bias(positions, positions)  # [1, N, T, T]
         x = layers.dropout(x, self.dropout_rate, rngs)
 
         def body(layer, shared, x, layer_rngs):
-            x, kv = layer(x, self_bias, encoded, cross_bias, shared=shared, rngs=layer_rngs)
+            x, kv = layer(
+                x,
+                self_bias,
+                self_visibility,
+                encoded,
+                cross_visibility,
+                shared=shared,
+                rngs=layer_rngs,
+            )
             return x, kv if return_kv else None
 
         x, kvs = stacking.apply_layers(
@@ -204,8 +219,8 @@ class Decoder(nnx.Module):
         Args:
           x: [R, 1, D] the embedded new tokens, R = B rows (or B * K for K beams per input).
           cache: `index` [R] and `layers_{i}` dicts of R rows; with cross-attention, `shared`
-            holds `cross_bias` [B, L] and `layers_{i}` dicts of the encoded inputs' keys and
-            values, B rows (see `init_cache` of the encoder-decoder).
+            holds `cross_key_valid` [B, L] and `layers_{i}` dicts of the encoded inputs' keys
+            and values, B rows (see `init_cache` of the encoder-decoder).
           embedder: the token embedding (for tied logits).
           shared_layers: encoder layers to borrow from (shared encoder-decoder only).
 
@@ -215,14 +230,14 @@ class Decoder(nnx.Module):
         index = cache["index"]  # [B]
         max_length = cache["layers_0"]["self_key"].shape[2]
         key_positions = jnp.arange(max_length)
-        # Bias for the new query row only: [B, N, 1, S].
+        # Bias for the new query row only: [B, N, 1, S] (each row at its own position).
         self_bias = self.relpos_bias(index[:, None], key_positions)
         visible = key_positions[None, :] <= index[:, None]  # [B, S]
-        self_bias = self_bias + masks.mask_to_bias(visible[:, None, None, :])
+        self_visibility = masks.Visibility(dense=visible[:, None, None, :])  # [B, 1, 1, S]
         per_input = cache.get(SHARED)
-        cross_bias = None
+        cross_visibility = None
         if per_input is not None:
-            cross_bias = per_input["cross_bias"][:, None, None, :]  # [B, 1, 1, L]
+            cross_visibility = masks.Visibility(key_valid=per_input["cross_key_valid"])  # [B, L]
         new_cache = dict(cache)
         for i, layer in enumerate(self.unrolled_layers()):
             shared = None if shared_layers is None else shared_layers[i]
@@ -233,7 +248,14 @@ class Decoder(nnx.Module):
                     per_input[f"layers_{i}"]["cross_value"],
                 )
             x, new_cache[f"layers_{i}"] = layer.step(
-                x, cache[f"layers_{i}"], index, self_bias, cross_kv, cross_bias, shared=shared
+                x,
+                cache[f"layers_{i}"],
+                index,
+                self_bias,
+                self_visibility,
+                cross_kv,
+                cross_visibility,
+                shared=shared,
             )
         new_cache["index"] = index + 1
         return self.logits(x, embedder)[:, 0], new_cache

@@ -1,0 +1,432 @@
+"""A step-time estimate that sees memory traffic: matmul FLOPs and every kernel's bytes.
+
+`t2t compile` used to bound the step by the program's arguments and outputs, which sees none of
+the activations a step writes and reads back; on the one accelerator measured (an H100, issue
+32) more than half of T5.1.1-base's step went to such traffic. This model reads the optimized
+program instead (`t2t.aot.hlo`) and counts, for each kernel the device will run:
+
+- **what crosses device memory**: a fusion's operands and results (a fusion is one kernel: what
+  it computes inside stays on chip), a copy's or a slice's bytes, a custom call's operands and
+  results. Only arrays in device memory (HBM) count: on TPUs, operands the compiler staged in
+  on-chip memory (`S(1)`) are counted once, by the copy that staged them. An operand a fusion
+  only slices (a loop reading one layer of a stacked array) counts the slice; an array updated
+  in place counts the update.
+- **how often**: a loop body counts as many times as the loop runs (the trip count the compiler
+  knows, or the bound of the loop's condition), a conditional its most expensive branch.
+- **matmul or not**: a kernel that holds a matmul (dot, convolution, a GEMM or fused-attention
+  library call) runs at the chip's matmul rate; every other kernel at its memory bandwidth.
+
+The estimate: `step = max(matmul FLOPs / matmul rate, matmul kernels' bytes / bandwidth) +
+other kernels' bytes / bandwidth`. Matmuls overlap their own traffic; the other kernels (norms,
+softmax, dropout masks, the optimizer's update, layout copies) run one after another, each at
+the speed of its memory traffic. The matmul FLOPs come from the traced program
+(`t2t.aot.flops`: exact, loops counted), not from the HLO.
+
+What it does not model, and says so in its report: collectives (their bytes are listed; the
+estimate assumes the interconnect overlaps them), compute inside non-matmul kernels
+(transcendentals, reductions), cache reuse between kernels, tiling padding, kernel launch
+overhead, and FLOPs of custom calls it cannot read (they count bytes only and are named).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Any
+
+from t2t.aot import hlo
+
+# Opcodes that move no data themselves (views, tuples, parameters, constants, the second half
+# of an asynchronous pair whose first half was counted).
+_FREE = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "partition-id",
+        "replica-id",
+        "opt-barrier",
+        "copy-done",
+        "slice-done",
+        "all-gather-done",
+        "all-reduce-done",
+        "collective-permute-done",
+        "async-done",
+        "async-update",
+        "send-done",
+        "recv-done",
+        "add-dependency",
+        "domain",
+    }
+)
+_COLLECTIVES = frozenset(
+    {
+        "all-gather",
+        "all-reduce",
+        "reduce-scatter",
+        "all-to-all",
+        "collective-permute",
+        "all-gather-start",
+        "all-reduce-start",
+        "collective-permute-start",
+        "send",
+        "recv",
+        "ragged-all-to-all",
+    }
+)
+_ASYNC_COPIES = frozenset({"copy-start", "slice-start"})
+_MATMUL_OPCODES = frozenset({"dot", "convolution", "ragged-dot"})
+# Custom-call targets that are matmuls or fused attention (cuBLAS, cuBLASLt, cuDNN, oneDNN).
+_MATMUL_TARGET = re.compile(r"gemm|matmul|cudnn\$|fmha|onednn\$(matmul|convolution)", re.I)
+# Custom calls that only move collectives' data (TPU asynchronous collectives).
+_COLLECTIVE_TARGET = re.compile(r"Collective", re.I)
+# Custom calls that cost nothing worth modeling.
+_TRIVIAL_TARGET = re.compile(r"AssumeGatherIndicesInBound|Sharding|SPMDFullToShardShape|"
+                             r"SPMDShardToFullShape|MoveToHost|MoveToDevice|annotate", re.I)
+_SLICING = frozenset({"dynamic-slice", "slice", "gather"})
+_VIEWS = frozenset({"bitcast", "reshape", "get-tuple-element", "copy"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+    """What the estimate divides by: the matmul rate (FLOP/s) and memory bandwidth (bytes/s).
+
+    Peak figures give an optimistic estimate; rates measured on the chip (a large matmul, a
+    large copy) give a realistic one. Say which in every report.
+    """
+
+    matmul_flops_per_second: float
+    bytes_per_second: float
+    source: str = "peak"
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One kernel's traffic, times the number of times it runs."""
+
+    name: str
+    opcode: str
+    op_name: str
+    bytes: float
+    runs: int
+    matmul: bool
+
+
+@dataclasses.dataclass
+class Traffic:
+    """Every kernel of a program with its device-memory bytes, and what was not modeled."""
+
+    kernels: list[Kernel] = dataclasses.field(default_factory=list)
+    collective_bytes: float = 0.0
+    collective_count: int = 0
+    not_modeled: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def matmul_bytes(self) -> float:
+        return sum(k.bytes for k in self.kernels if k.matmul)
+
+    @property
+    def other_bytes(self) -> float:
+        return sum(k.bytes for k in self.kernels if not k.matmul)
+
+
+def _contains_matmul(module: hlo.Module, computation: str, seen: set[str] | None = None) -> bool:
+    seen = set() if seen is None else seen
+    if computation in seen or computation not in module.computations:
+        return False
+    seen.add(computation)
+    for instruction in module.computations[computation].instructions:
+        if instruction.opcode in _MATMUL_OPCODES:
+            return True
+        if instruction.opcode == "custom-call" and _MATMUL_TARGET.search(instruction.target):
+            return True
+        if any(_contains_matmul(module, c, seen) for c in instruction.called.values()):
+            return True
+    return False
+
+
+def _through_views(fused: hlo.Computation, name: str) -> list[hlo.Instruction]:
+    """The users of `name` inside a fused computation, looking through bitcasts and reshapes."""
+    found = []
+    for user in fused.users(name):
+        if user.opcode in ("bitcast", "reshape"):
+            found += _through_views(fused, user.name)
+        else:
+            found.append(user)
+    return found
+
+
+def _fusion_bytes(module: hlo.Module, fusion: hlo.Instruction, outer: hlo.Computation) -> float:
+    """Device-memory bytes a fusion reads and writes.
+
+    An operand only sliced inside counts the slices; an operand updated in place by a
+    dynamic-update-slice counts nothing (the result counts the update instead).
+    """
+    fused = module.computations.get(fusion.called.get("calls", ""))
+    operand_shapes = [outer.by_name[o].shape if o in outer.by_name else "" for o in fusion.operands]
+    if fused is None:
+        return sum(map(hlo.device_memory_bytes, operand_shapes)) + hlo.device_memory_bytes(
+            fusion.shape
+        )
+    params = {i.parameter_index: i for i in fused.instructions if i.opcode == "parameter"}
+    in_place: set[str] = set()
+    total = 0.0
+    for index, shape in enumerate(operand_shapes):
+        if hlo.device_memory_bytes(shape) == 0:
+            continue
+        param = params.get(index)
+        users = _through_views(fused, param.name) if param is not None else []
+        if users and all(u.opcode in _SLICING and u.operands[0] in _view_names(fused, param.name)
+                         for u in users):
+            total += sum(hlo.device_memory_bytes(u.shape) or _array_bytes(u.shape) for u in users)
+        elif users and all(
+            u.opcode == "dynamic-update-slice" and u.operands[0] in _view_names(fused, param.name)
+            for u in users
+        ):
+            in_place.update(u.name for u in users)
+        else:
+            total += hlo.device_memory_bytes(shape)
+    return total + _result_bytes(fused, fusion.shape, in_place)
+
+
+def _array_bytes(shape: str) -> int:
+    return sum(a.bytes for a in hlo.arrays(shape))
+
+
+def _view_names(fused: hlo.Computation, name: str) -> set[str]:
+    names = {name}
+    for user in fused.users(name):
+        if user.opcode in ("bitcast", "reshape"):
+            names |= _view_names(fused, user.name)
+    return names
+
+
+def _result_bytes(fused: hlo.Computation, shape: str, in_place: set[str]) -> float:
+    """A fusion's written bytes: the whole result, except in-place updates count the update."""
+    root = fused.root
+    outputs = [root]
+    if root.opcode == "tuple":
+        outputs = [fused.by_name[o] for o in root.operands if o in fused.by_name]
+    result_arrays = hlo.arrays(shape)
+    total = 0.0
+    for position, out in enumerate(outputs):
+        array = result_arrays[position] if position < len(result_arrays) else None
+        if array is None or array.memory_space != 0:
+            continue
+        while out.opcode in ("bitcast", "reshape") and out.operands[0] in fused.by_name:
+            out = fused.by_name[out.operands[0]]
+        if out.name in in_place and len(out.operands) > 1 and out.operands[1] in fused.by_name:
+            total += _array_bytes(fused.by_name[out.operands[1]].shape)
+        else:
+            total += array.bytes
+    return total
+
+
+def _trip_count(module: hlo.Module, loop: hlo.Instruction) -> int | None:
+    known = loop.known_trip_count
+    if known is not None:
+        return known
+    condition = module.computations.get(loop.called.get("condition", ""))
+    if condition is None:
+        return None
+    root = condition.root
+    if root.opcode != "compare" or "direction=LT" not in root.attributes:
+        return None
+    for operand in root.operands:
+        constant = condition.by_name.get(operand)
+        if constant is not None and constant.opcode == "constant":
+            literal = constant.operand_text.strip()
+            if re.fullmatch(r"-?\d+", literal):
+                return int(literal)
+    return None
+
+
+def _walk(module: hlo.Module, name: str, runs: int, traffic: Traffic, stack: tuple = ()) -> None:
+    if name in stack:
+        return
+    computation = module.computations[name]
+    for instruction in computation.instructions:
+        op = instruction.opcode
+        if op in _FREE:
+            continue
+        if op == "while":
+            trips = _trip_count(module, instruction)
+            if trips is None:
+                trips = 1
+                traffic.not_modeled.append(
+                    f"loop {instruction.name}: trip count unknown, counted once"
+                )
+            _walk(module, instruction.called["body"], runs * trips, traffic, stack + (name,))
+            continue
+        if op in ("call", "async-start"):
+            for called in instruction.called.values():
+                _walk(module, called, runs, traffic, stack + (name,))
+            continue
+        if op == "conditional":
+            _walk_branches(module, instruction, runs, traffic, stack + (name,))
+            continue
+        if op in _COLLECTIVES or (
+            op == "custom-call" and _COLLECTIVE_TARGET.search(instruction.target)
+        ):
+            traffic.collective_count += runs
+            traffic.collective_bytes += runs * _array_bytes(instruction.shape)
+            continue
+        if op == "custom-call" and _TRIVIAL_TARGET.search(instruction.target):
+            continue
+        matmul = op in _MATMUL_OPCODES
+        if op == "fusion":
+            size = _fusion_bytes(module, instruction, computation)
+            matmul = _contains_matmul(module, instruction.called.get("calls", ""))
+        elif op in _ASYNC_COPIES:
+            size = _async_copy_bytes(instruction, computation)
+        elif op == "dynamic-update-slice":
+            update = computation.by_name.get(instruction.operands[1])
+            size = 2 * (_array_bytes(update.shape) if update else 0)
+        elif op in ("dynamic-slice", "slice"):
+            size = 2 * hlo.device_memory_bytes(instruction.shape)
+        else:
+            size = _operand_bytes(instruction, computation) + hlo.device_memory_bytes(
+                instruction.shape
+            )
+            if op == "custom-call":
+                matmul = bool(_MATMUL_TARGET.search(instruction.target))
+                if not matmul:
+                    traffic.not_modeled.append(
+                        f"custom call {instruction.target or instruction.name}: bytes only"
+                    )
+        if size:
+            traffic.kernels.append(
+                Kernel(instruction.name, op, instruction.op_name, runs * size, runs, matmul)
+            )
+
+
+def _walk_branches(module, instruction, runs, traffic, stack) -> None:
+    best = None
+    for branch in instruction.branches:
+        trial = Traffic()
+        _walk(module, branch, runs, trial, stack)
+        if best is None or sum(k.bytes for k in trial.kernels) > sum(
+            k.bytes for k in best.kernels
+        ):
+            best = trial
+    if best is not None:
+        traffic.kernels += best.kernels
+        traffic.collective_bytes += best.collective_bytes
+        traffic.collective_count += best.collective_count
+        traffic.not_modeled += best.not_modeled
+
+
+def _operand_bytes(instruction: hlo.Instruction, computation: hlo.Computation) -> float:
+    return sum(
+        hlo.device_memory_bytes(computation.by_name[o].shape)
+        for o in instruction.operands
+        if o in computation.by_name
+    )
+
+
+def _async_copy_bytes(instruction: hlo.Instruction, computation: hlo.Computation) -> float:
+    """A copy-start or slice-start moves its result's second element; each side of the move
+    that is device memory counts it once."""
+    moved = hlo.arrays(instruction.shape)
+    if len(moved) < 2:
+        return 0.0
+    piece = moved[1]
+    source = computation.by_name.get(instruction.operands[0]) if instruction.operands else None
+    source_in_hbm = source is None or any(
+        a.memory_space == 0 for a in hlo.arrays(source.shape)
+    )
+    sides = int(source_in_hbm) + int(piece.memory_space == 0)
+    return float(piece.bytes * sides)
+
+
+def traffic(hlo_text: str) -> Traffic:
+    """Every kernel of the program in `hlo_text` (optimized HLO) with its device-memory bytes."""
+    module = hlo.parse_module(hlo_text)
+    found = Traffic()
+    _walk(module, module.entry, 1, found)
+    found.not_modeled = sorted(set(found.not_modeled))
+    return found
+
+
+def _source(op_name: str) -> str:
+    """A kernel's JAX source, shortened: "jit(train_step)/jvp()/while/body/closed_call/add" ->
+    "while/body/add" (transformations dropped, the last operations kept)."""
+    parts = [p for p in op_name.split("/") if p and not p.startswith(("jit(", "jvp(", "closed_call"))]
+    parts = [p for p in parts if p not in ("transpose(jvp())", "body", "checkpoint", "rematted_computation")]
+    return "/".join(parts[-3:]) or "(no metadata)"
+
+
+def estimate(
+    hlo_text: str,
+    matmul_flops: float,
+    rates: Rates,
+    *,
+    top: int = 8,
+) -> dict[str, Any]:
+    """The step's estimated time on one device, what bounds it and its largest memory-bound ops.
+
+    Args:
+      hlo_text: one device's optimized program (`compiled.as_text()`).
+      matmul_flops: the matmul FLOPs one device runs per step (`t2t.aot.flops`, loops counted).
+      rates: the chip's matmul rate and memory bandwidth.
+      top: how many of the largest memory-bound sources to list.
+
+    Returns:
+      {"step_seconds", "matmul_seconds", "matmul_memory_seconds", "other_seconds", "bound",
+      "matmul_bytes", "other_bytes", "hbm_bytes", "collective_bytes", "collective_count",
+      "largest_memory_bound": [{"source", "bytes", "seconds", "kernels"}...], "rates",
+      "not_modeled": [...]}.
+    """
+    found = traffic(hlo_text)
+    compute = matmul_flops / rates.matmul_flops_per_second
+    matmul_memory = found.matmul_bytes / rates.bytes_per_second
+    other = found.other_bytes / rates.bytes_per_second
+    matmul_part = max(compute, matmul_memory)
+    step = matmul_part + other
+    by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for kernel in found.kernels:
+        if kernel.matmul:
+            continue
+        entry = by_source[_source(kernel.op_name)]
+        entry[0] += kernel.bytes
+        entry[1] += kernel.runs
+    largest = sorted(by_source.items(), key=lambda item: -item[1][0])[:top]
+    if other > matmul_part:
+        bound = "memory"
+    elif compute >= matmul_memory:
+        bound = "compute"
+    else:
+        bound = "memory (matmul operands)"
+    return {
+        "step_seconds": step,
+        "matmul_seconds": compute,
+        "matmul_memory_seconds": matmul_memory,
+        "other_seconds": other,
+        "bound": bound,
+        "matmul_flops": matmul_flops,
+        "matmul_bytes": found.matmul_bytes,
+        "other_bytes": found.other_bytes,
+        "hbm_bytes": found.matmul_bytes + found.other_bytes,
+        "collective_bytes": found.collective_bytes,
+        "collective_count": found.collective_count,
+        "largest_memory_bound": [
+            {
+                "source": source,
+                "bytes": size,
+                "seconds": size / rates.bytes_per_second,
+                "kernels": int(count),
+            }
+            for source, (size, count) in largest
+        ],
+        "rates": dataclasses.asdict(rates),
+        "not_modeled": [
+            "collectives (bytes listed; assumed overlapped by the interconnect)",
+            "compute inside non-matmul kernels, cache reuse between kernels, tiling padding, "
+            "launch overhead",
+            *found.not_modeled,
+        ],
+    }
