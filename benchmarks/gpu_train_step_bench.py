@@ -1,26 +1,40 @@
-"""T5.1.1-base train step on one GPU in bfloat16: t2t (JAX) against HF transformers (PyTorch).
+"""The train step on one GPU in bfloat16: t2t (JAX) against HF transformers (PyTorch), eager and
+under `torch.compile`, in one run on one chip; with t2t's kernel-time breakdown, its cost-model
+prediction, a cuDNN correctness check and per-site attention timings.
 
-Workload: T5.1.1-base (248M parameters, gated-GELU, untied logits), batch B x 512 input and 114
-target tokens of random ids (no padding), dropout off, one optimizer step per batch.
+Workload: T5.1.1-base (248M parameters; and T5.1.1-large), batch B x 512 input and 114 target
+tokens of random ids (no padding), dropout off, Adafactor, one optimizer step per batch.
 
-- t2t: `t2t.nn.get_preset("t5_1_1_base", dtype="bfloat16")` (matmuls in bfloat16; parameters,
-  norms, softmax and the loss in float32) -> `EncoderDecoderModel.loss_fn` (cross-entropy + z-loss)
-  -> `t2t.optim.adafactor` -> `optax.apply_updates`: `t2t.trainer.steps.make_train_step`, one
-  `jax.jit` with parameters and optimizer state donated.
-- HF: `T5ForConditionalGeneration(T5Config.from google/t5-v1_1-base's shape)` under
-  `torch.autocast("cuda", torch.bfloat16)` (float32 parameters) -> `loss.backward()` ->
-  `transformers.optimization.Adafactor` (T5's settings), TF32 allowed.
+- t2t: `get_preset(preset, dtype="bfloat16")` (bfloat16 activations and matmuls; float32
+  parameters, softmax and loss; `attention_impl="auto"`: cuDNN flash attention for the encoder,
+  XLA elsewhere) -> `loss_fn` -> Adafactor, one `jax.jit` with donated state
+  (`t2t.trainer.steps.make_train_step`).
+- HF: `T5ForConditionalGeneration` of the same shape under `torch.autocast(bfloat16)` (float32
+  parameters), `transformers.optimization.Adafactor` with T5's settings, TF32 allowed; eager and
+  `torch.compile(model)` (what nanoT5 runs).
 
-Each side runs in its own process (JAX takes most of the GPU's memory), t2t first. Step time is
-the median of the timed steps after warm-up (compilation excluded). MFU = exact model FLOPs
-(`t2t.nn.flops.training_flops`, 3x the forward matmuls) x B / step time / the chip's dense
-bfloat16 peak (989 TFLOP/s for an H100 SXM or H200, 312 for an A100).
+Jobs run in priority order, each in its own process, until the time budget is spent (a job that
+would not fit is skipped and listed); results are written after every job, so a cut-off run
+keeps what it measured:
 
-    python benchmarks/gpu_train_step_bench.py --batches 64,128 [--steps 20]
+ 1. `check`: cuDNN against XLA attention in a 2-layer T5.1.1-base-shaped network: loss and every
+    gradient (the relative position tables' included), unpacked and packed rows.
+ 2. t2t base at 128, profiled (kernel time by kind from a trace) and with the cost model's
+    prediction (`t2t.aot.cost_model`, at the chip's measured matmul rate and copy bandwidth).
+ 3. HF + torch.compile base at 128.   4. t2t base at 64 with the prediction.
+ 5. `sites`: each attention site alone, forward + backward, XLA vs cuDNN.
+ 6. t2t base at 128 with `attention_impl="xla"`.   7. HF eager base at 64.
+ 8. t2t base at 256 (the largest batch tried).   9. HF + torch.compile base at 64.
+10. t2t and HF + torch.compile large at 128.
 
-Needs a GPU. On a machine without seqio (the lent GPU machines have JAX, flax, optax, torch and
-transformers but no TensorFlow and no network), `seqio` is replaced by a stand-in holding the
-three names `t2t.models` refers to; nothing of seqio runs in a train step.
+Step time is the median of the timed steps after warm-up (compilation excluded). MFU = exact
+model FLOPs (`t2t.nn.flops.training_flops`) x B / step time / the chip's dense bfloat16 peak.
+
+    python benchmarks/gpu_train_step_bench.py --out $OUT/gpu_train_step.json   # on a GPU
+    python benchmarks/gpu_train_step_bench.py --smoke   # the machinery, tiny, on a CPU
+
+Needs only jax, flax, optax, torch and transformers (a bare GPU machine): the parts of t2t it
+imports carry no gin, seqio or TensorFlow.
 """
 
 from __future__ import annotations
@@ -32,126 +46,375 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-import types
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 INPUT_LENGTH, TARGET_LENGTH, VOCAB = 512, 114, 32128
-PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
+# Dense bfloat16 peak FLOP/s and HBM bytes/s per chip (datasheets).
+CHIPS = {
+    "H100": (989e12, 3.35e12),
+    "H200": (989e12, 4.8e12),
+    "A100": (312e12, 2.0e12),
+    "B200": (2250e12, 8.0e12),
+}
 RESULT = "RESULT "
+HF_SHAPES = {
+    "t5_1_1_base": dict(d_model=768, d_ff=2048, num_heads=12, num_layers=12),
+    "t5_1_1_large": dict(d_model=1024, d_ff=2816, num_heads=16, num_layers=24),
+    "tiny": dict(d_model=128, d_ff=512, num_heads=4, num_layers=2),
+}
+# (job, seconds it is expected to take on an H100, including the process start and compile).
+JOBS = [
+    ({"kind": "check"}, 60),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "profile": True, "predict": True}, 90),
+    ({"kind": "hf", "preset": "t5_1_1_base", "batch": 128, "compile": True}, 150),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 64, "predict": True}, 60),
+    ({"kind": "sites", "preset": "t5_1_1_base", "batch": 128}, 50),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "attention_impl": "xla"}, 60),
+    ({"kind": "hf", "preset": "t5_1_1_base", "batch": 64, "compile": False}, 40),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 256}, 80),
+    ({"kind": "hf", "preset": "t5_1_1_base", "batch": 64, "compile": True}, 120),
+    ({"kind": "t2t", "preset": "t5_1_1_large", "batch": 128}, 120),
+    ({"kind": "hf", "preset": "t5_1_1_large", "batch": 128, "compile": True}, 200),
+]
+SMOKE_JOBS = [
+    ({"kind": "check", "preset": "tiny"}, 60),
+    ({"kind": "t2t", "preset": "tiny", "batch": 2, "profile": True, "predict": True}, 60),
+    ({"kind": "hf", "preset": "tiny", "batch": 2, "compile": False}, 60),
+    ({"kind": "sites", "preset": "tiny", "batch": 2}, 60),
+]
 
 
-def _peak(name: str) -> float | None:
-    return next((v for k, v in PEAKS.items() if k in name), None)
+def chip_of(name: str) -> tuple[float, float] | None:
+    return next((v for k, v in CHIPS.items() if k in name), None)
 
 
-def _batch(batch_size: int, seed: int = 0):
+def lengths(smoke: bool) -> tuple[int, int]:
+    return (32, 8) if smoke else (INPUT_LENGTH, TARGET_LENGTH)
+
+
+def _batch(batch_size: int, smoke: bool, seed: int = 0):
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    inputs = rng.integers(2, VOCAB, (batch_size, INPUT_LENGTH), dtype=np.int32)
-    targets = rng.integers(2, VOCAB, (batch_size, TARGET_LENGTH), dtype=np.int32)
+    inputs_length, targets_length = lengths(smoke)
+    vocab = 2048 if smoke else VOCAB
+    inputs = rng.integers(2, vocab, (batch_size, inputs_length), dtype=np.int32)
+    targets = rng.integers(2, vocab, (batch_size, targets_length), dtype=np.int32)
     return inputs, targets
 
 
 def _import_t2t():
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, here)
-    try:
-        import seqio  # noqa: F401
-    except ImportError:
-        stand_in = types.ModuleType("seqio")
-        for name in (
-            "Vocabulary",
-            "FeatureConverter",
-            "EncDecFeatureConverter",
-            "DecoderFeatureConverter",
-        ):
-            setattr(stand_in, name, type(name, (), {}))
-        sys.modules["seqio"] = stand_in
-    import t2t.nn.flops  # noqa: F401  (a submodule t2t.nn does not import)
-    from t2t import models, nn, optim  # noqa: F401
+    """t2t's network, model wrappers, optimizer and cost model, and the train-step module alone
+    (the `t2t.trainer` package would also import the data pipeline and checkpoints)."""
+    sys.path.insert(0, REPO)
+    import t2t.aot.cost_model  # noqa: F401
+    import t2t.aot.flops  # noqa: F401
+    import t2t.nn.flops  # noqa: F401
+    from t2t import models, nn, optim
 
-    # The steps module alone: the t2t.trainer package also imports data and checkpoint code.
     spec = importlib.util.spec_from_file_location(
-        "t2t_train_steps", os.path.join(here, "t2t", "trainer", "steps.py")
+        "t2t_train_steps", os.path.join(REPO, "t2t", "trainer", "steps.py")
     )
     steps = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(steps)
     return models, nn, optim, steps
 
 
-def run_t2t(batch_size: int, steps_timed: int, warmup: int, remat: str) -> dict:
+def _config(nn, preset: str, smoke: bool, **overrides):
+    fields = dict(dtype="bfloat16", dropout_rate=0.0, **overrides)
+    if smoke:
+        fields.update(vocab_size=2048)
+    return nn.get_preset(preset, **fields)
+
+
+def measured_rates() -> dict:
+    """This chip's bfloat16 matmul rate (an 8192^3 product) and copy bandwidth (bytes read +
+    written by an elementwise pass over 1 GiB), each the median of 10 runs after a warm-up."""
+    import jax
+    import jax.numpy as jnp
+
+    def median_seconds(fn, *args):
+        jax.block_until_ready(fn(*args))
+        times = []
+        for _ in range(10):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    n = 8192 if jax.default_backend() == "gpu" else 512
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.bfloat16)
+    matmul = median_seconds(jax.jit(lambda a: a @ a), a)
+    elements = 2**29 if jax.default_backend() == "gpu" else 2**22
+    x = jax.random.normal(jax.random.PRNGKey(1), (elements,), jnp.bfloat16)
+    copy = median_seconds(jax.jit(lambda x: x * 2 + 1), x)
+    return {"matmul_flops_per_second": 2 * n**3 / matmul, "bytes_per_second": 4 * elements / copy}
+
+
+def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from flax import nnx
 
     models, nn, optim, steps = _import_t2t()
-    config = nn.get_preset("t5_1_1_base", dtype="bfloat16", dropout_rate=0.0, remat_policy=remat)
+    from t2t.aot import cost_model
+    from t2t.aot import flops as aot_flops
+    from t2t.nn import attention_ops
+
+    config = _config(nn, job["preset"], smoke, attention_impl=job.get("attention_impl", "auto"))
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
-    module = nn.build(config, nnx.Rngs(params=0))
-    params = nnx.split(module)[1]
+    params = model.init_params(jax.random.PRNGKey(0))
     tx = optim.adafactor(optim.inverse_sqrt())
     opt_state = tx.init(params)
-    inputs, targets = _batch(batch_size)
-    decoder_inputs = np.concatenate([np.zeros((batch_size, 1), np.int32), targets[:, :-1]], 1)
-    batch = {
-        "encoder_input_tokens": inputs,
-        "decoder_target_tokens": targets,
-        "decoder_input_tokens": decoder_inputs,
-        "decoder_loss_weights": np.ones_like(targets, dtype=np.float32),
-    }
-    batch = jax.device_put(batch)
-    step_fn = jax.jit(steps.make_train_step(model, tx), donate_argnums=(0, 1))
+    inputs, targets = _batch(job["batch"], smoke)
+    batch = jax.device_put(
+        {
+            "encoder_input_tokens": inputs,
+            "decoder_target_tokens": targets,
+            "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+            "decoder_loss_weights": np.ones_like(targets, dtype=np.float32),
+        }
+    )
     rng = jax.random.PRNGKey(0)
+    jitted = jax.jit(steps.make_train_step(model, tx), donate_argnums=(0, 1))
     start = time.perf_counter()
-    params, opt_state, metrics = step_fn(params, opt_state, batch, rng, jnp.int32(0))
-    jax.block_until_ready(metrics["loss"])
+    traced = jitted.trace(params, opt_state, batch, rng, jnp.int32(0))
+    compiled = traced.lower().compile()
     compile_seconds = time.perf_counter() - start
     times = []
-    for i in range(1, warmup + steps_timed):
+    for i in range(warmup + steps_timed):
         start = time.perf_counter()
-        params, opt_state, metrics = step_fn(params, opt_state, batch, rng, jnp.int32(i))
+        params, opt_state, metrics = compiled(params, opt_state, batch, rng, jnp.int32(i))
         jax.block_until_ready(metrics["loss"])
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    flops = nn.flops.training_flops(config, INPUT_LENGTH, TARGET_LENGTH) * batch_size
     device = jax.devices()[0]
-    return {
+    platform = jax.default_backend()
+    input_length, target_length = lengths(smoke)
+    result = {
         "side": "t2t",
-        "batch": batch_size,
-        "remat": remat,
+        **job,
         "step_seconds": times,
         "compile_seconds": compile_seconds,
         "loss": float(metrics["loss"]),
-        "flops": flops,
+        "flops": nn.flops.training_flops(config, input_length, target_length) * job["batch"],
         "device": getattr(device, "device_kind", str(device)),
+        "peak_memory_bytes": (device.memory_stats() or {}).get("peak_bytes_in_use"),
+        "attention": attention_ops.describe(
+            config, platform, lengths=(input_length, target_length)
+        ),
         "versions": {"jax": jax.__version__},
+    }
+    if job.get("profile"):
+        result["kernels"] = _profile(compiled, params, opt_state, batch, rng, steps=3)
+    if job.get("predict"):
+        median = statistics.median(times)
+        text = compiled.as_text()
+        flops = aot_flops.matmul_flops(traced.jaxpr)
+        measured = measured_rates()
+        chip = chip_of(result["device"])
+        predictions = {
+            "measured": cost_model.estimate(
+                text, flops, cost_model.Rates(**measured, source="measured"), top=6
+            )
+        }
+        if chip:
+            predictions["peak"] = cost_model.estimate(text, flops, cost_model.Rates(*chip), top=6)
+        for prediction in predictions.values():
+            prediction["error_vs_measured"] = prediction["step_seconds"] / median - 1
+        result.update(measured_rates=measured, prediction=predictions)
+    return result
+
+
+def _profile(compiled, params, opt_state, batch, rng, steps: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, HERE)
+    import gpu_profile
+
+    directory = tempfile.mkdtemp(prefix="t2t_trace_")
+    with jax.profiler.trace(directory):
+        for i in range(steps):
+            params, opt_state, metrics = compiled(params, opt_state, batch, rng, jnp.int32(i))
+            jax.block_until_ready(metrics["loss"])
+    return gpu_profile.kernel_breakdown(directory, steps)
+
+
+def run_check(job: dict, smoke: bool) -> dict:
+    """cuDNN vs XLA: loss and every gradient of a 2-layer T5.1.1-base-shaped network."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    models, nn, _, _ = _import_t2t()
+    preset = job.get("preset", "t5_1_1_base")
+    layers = dict(num_encoder_layers=2, num_decoder_layers=2)
+    rows = 8
+    inputs, targets = _batch(rows, smoke)
+    input_length, target_length = lengths(smoke)
+    cases = {}
+    for packed in (False, True):
+        batch = {
+            "encoder_input_tokens": inputs.copy(),
+            "decoder_target_tokens": targets.copy(),
+            "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+            "decoder_loss_weights": np.ones_like(targets, dtype=np.float32),
+        }
+        batch["encoder_input_tokens"][:, input_length * 3 // 4 :] = 0  # padding at the end
+        if packed:  # two examples per row, a quarter of the row padding
+            cut_in, cut_out = input_length // 2, target_length // 2
+            for name, cut, length in (
+                ("encoder", cut_in, input_length),
+                ("decoder", cut_out, target_length),
+            ):
+                ids = np.ones((rows, length), np.int32)
+                ids[:, cut:] = 2
+                if name == "encoder":
+                    ids[:, length * 3 // 4 :] = 0
+                positions = np.concatenate([np.arange(cut), np.arange(length - cut)])
+                batch[f"{name}_segment_ids"] = ids
+                batch[f"{name}_positions"] = np.tile(positions, (rows, 1)).astype(np.int32)
+            batch["decoder_input_tokens"][:, cut_out] = 0
+        grads = {}
+        for impl in ("xla", "cudnn"):
+            config = _config(nn, preset, smoke, attention_impl=impl, **layers)
+            model = models.model_for(config)
+            params = model.init_params(jax.random.PRNGKey(0))
+            step = jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))
+            try:
+                (loss, _), grad = step(params, jax.device_put(batch), None)
+            except Exception as error:  # noqa: BLE001 (recorded: cuDNN refusing a shape)
+                grads[impl] = {"error": str(error).splitlines()[0][:300]}
+                continue
+            grads[impl] = {"loss": float(loss), "grads": nnx.to_pure_dict(grad)}
+        cases["packed" if packed else "unpacked"] = _compare(grads)
+    return {"side": "check", **job, "cases": cases}
+
+
+def _compare(grads: dict) -> dict:
+    """Relative errors of cuDNN's loss and gradients against XLA's (norm of the difference over
+    the norm of XLA's), the worst leaf and the relative position tables'."""
+    import jax
+    import numpy as np
+
+    if any("error" in g for g in grads.values()):
+        return {impl: g.get("error") for impl, g in grads.items()}
+    reference, cudnn = grads["xla"], grads["cudnn"]
+    errors = {}
+    for (path, want), (_, got) in zip(
+        jax.tree_util.tree_leaves_with_path(reference["grads"]),
+        jax.tree_util.tree_leaves_with_path(cudnn["grads"]),
+    ):
+        want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+        errors[jax.tree_util.keystr(path)] = float(
+            np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+        )
+    worst = max(errors, key=errors.get)
+    tables = {k: v for k, v in errors.items() if "rel_embedding" in k}
+    return {
+        "loss_xla": reference["loss"],
+        "loss_cudnn": cudnn["loss"],
+        "worst_gradient": [worst, errors[worst]],
+        "relative_position_tables": tables,
+        "passes": errors[worst] < 5e-2 and abs(cudnn["loss"] / reference["loss"] - 1) < 1e-2,
     }
 
 
-def run_hf(batch_size: int, steps_timed: int, warmup: int) -> dict:
+def run_sites(job: dict, smoke: bool) -> dict:
+    """Each attention site of the network alone, forward + backward (gradients of q, k, v and
+    the bias), XLA against cuDNN: median milliseconds and cuDNN's gradient error."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    _, nn, _, _ = _import_t2t()
+    from t2t.nn import attention_ops, masks
+
+    config = _config(nn, job.get("preset", "t5_1_1_base"), smoke)
+    rows, heads, head_dim = job["batch"], config.num_heads, config.d_kv
+    input_length, target_length = lengths(smoke)
+    valid = jnp.arange(input_length)[None, :] < (input_length * 3 // 4)
+    valid = jnp.broadcast_to(valid, (rows, input_length))
+    sites = {
+        "encoder self-attention": (
+            input_length,
+            input_length,
+            True,
+            masks.Visibility(query_valid=valid, key_valid=valid),
+        ),
+        "decoder self-attention": (
+            target_length,
+            target_length,
+            True,
+            masks.Visibility(causal=True),
+        ),
+        "cross-attention": (target_length, input_length, False, masks.Visibility(key_valid=valid)),
+    }
+    out = {}
+    rng = np.random.default_rng(0)
+    for site, (length, key_length, has_bias, visibility) in sites.items():
+        q = jnp.asarray(rng.standard_normal((rows, length, heads, head_dim)) * 0.3, jnp.bfloat16)
+        k, v = (
+            jnp.asarray(rng.standard_normal((rows, heads, key_length, head_dim)), jnp.bfloat16)
+            for _ in range(2)
+        )
+        bias = None
+        if has_bias:
+            bias = jnp.asarray(rng.standard_normal((1, heads, length, key_length)), jnp.float32)
+        entry = {}
+        grads = {}
+        for impl in ("xla", "cudnn"):
+
+            def loss(q, k, v, bias, impl=impl):
+                out = attention_ops.attention(q, k, v, bias, visibility, implementation=impl)
+                return jnp.sum(out.astype(jnp.float32) ** 2)
+
+            step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if has_bias else (0, 1, 2)))
+            try:
+                grads[impl] = jax.block_until_ready(step(q, k, v, bias))
+            except Exception as error:  # noqa: BLE001 (recorded: cuDNN refusing a shape)
+                entry[impl] = {"error": str(error).splitlines()[0][:300]}
+                continue
+            times = []
+            for _ in range(20):
+                start = time.perf_counter()
+                jax.block_until_ready(step(q, k, v, bias))
+                times.append(time.perf_counter() - start)
+            entry[impl] = {"ms": statistics.median(times) * 1e3}
+        if "xla" in grads and "cudnn" in grads:
+            entry["cudnn_gradient_errors"] = [
+                float(
+                    jnp.linalg.norm((a - b).astype(jnp.float32))
+                    / jnp.linalg.norm(a.astype(jnp.float32))
+                )
+                for a, b in zip(grads["xla"], grads["cudnn"])
+            ]
+        out[site] = entry
+    return {"side": "sites", **job, "sites": out}
+
+
+def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
     import torch
     import transformers
     from transformers import T5Config, T5ForConditionalGeneration
     from transformers.optimization import Adafactor
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     config = T5Config(
-        vocab_size=VOCAB,
-        d_model=768,
-        d_ff=2048,
-        d_kv=64,
-        num_heads=12,
-        num_layers=12,
+        vocab_size=2048 if smoke else VOCAB,
+        d_kv=64 if not smoke else 32,
         feed_forward_proj="gated-gelu",
         tie_word_embeddings=False,
         dropout_rate=0.0,
         decoder_start_token_id=0,
         pad_token_id=0,
         eos_token_id=1,
+        **HF_SHAPES[job["preset"]],
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = T5ForConditionalGeneration(config).to(device).train()
@@ -166,110 +429,183 @@ def run_hf(batch_size: int, steps_timed: int, warmup: int) -> dict:
         beta1=None,
         weight_decay=0.0,
     )
-    inputs, targets = _batch(batch_size)
+    forward = torch.compile(model) if job.get("compile") else model
+    inputs, targets = _batch(job["batch"], smoke)
     inputs = torch.as_tensor(inputs, dtype=torch.long, device=device)
     labels = torch.as_tensor(targets, dtype=torch.long, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step():
         with torch.autocast(device, dtype=torch.bfloat16):
-            loss = model(input_ids=inputs, labels=labels).loss
+            loss = forward(input_ids=inputs, labels=labels).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    times = []
+    times, first = [], None
     for i in range(warmup + steps_timed):
         sync()
         start = time.perf_counter()
         loss = step()
         sync()
+        if i == 0:
+            first = time.perf_counter() - start
         if i >= warmup:
             times.append(time.perf_counter() - start)
+    input_length, target_length = lengths(smoke)
     return {
-        "side": "hf",
-        "batch": batch_size,
+        "side": "hf+compile" if job.get("compile") else "hf",
+        **job,
         "step_seconds": times,
+        "first_step_seconds": first,
         "loss": float(loss.detach()),
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "peak_memory_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
 
 
-def _flops_per_example() -> int:
+def child(job: dict, args) -> dict:
+    if job["kind"] == "t2t":
+        return run_t2t(job, args.steps, args.warmup, args.smoke)
+    if job["kind"] == "hf":
+        return run_hf(job, args.steps, args.warmup, args.smoke)
+    if job["kind"] == "check":
+        return run_check(job, args.smoke)
+    return run_sites(job, args.smoke)
+
+
+def _summarize(result: dict) -> dict:
+    if "step_seconds" not in result:
+        return result
+    median = statistics.median(result["step_seconds"])
+    input_length, target_length = lengths(result.get("smoke", False))
+    result["median_seconds"] = median
+    result["tokens_per_second"] = result["batch"] * (input_length + target_length) / median
+    chip = chip_of(result.get("device", ""))
+    if chip and result.get("flops") is None:
+        result["flops"] = _model_flops(result["preset"], result["batch"], result.get("smoke"))
+    result["mfu"] = result["flops"] / median / chip[0] if chip and result.get("flops") else None
+    return result
+
+
+def _model_flops(preset: str, batch: int, smoke: bool) -> int:
     _, nn, _, _ = _import_t2t()
-    return nn.flops.training_flops(nn.get_preset("t5_1_1_base"), INPUT_LENGTH, TARGET_LENGTH)
+    input_length, target_length = lengths(smoke)
+    return nn.flops.training_flops(_config(nn, preset, smoke), input_length, target_length) * batch
+
+
+def _line(result: dict) -> str:
+    if "error" in result:
+        return f"{result['kind']} {result.get('preset', '')} {result.get('batch', '')}: FAILED"
+    if result["side"] == "check":
+        return "check: " + ", ".join(
+            f"{case} {'ok' if v.get('passes') else v}" for case, v in result["cases"].items()
+        )
+    if result["side"] == "sites":
+        return "sites: " + "; ".join(
+            f"{site} " + " ".join(f"{impl} {e['ms']:.2f} ms" for impl, e in v.items() if "ms" in e)
+            for site, v in result["sites"].items()
+        )
+    line = (
+        f"{result['side']:10s} {result['preset']} batch {result['batch']:4d} "
+        f"{result.get('attention_impl', '')}: {result['median_seconds'] * 1e3:8.1f} ms, "
+        f"{result['tokens_per_second']:9.0f} tokens/s, MFU "
+        + (f"{result['mfu']:.1%}" if result.get("mfu") else "?")
+    )
+    if result.get("peak_memory_bytes"):
+        line += f", peak {result['peak_memory_bytes'] / 2**30:.1f} GiB"
+    if "kernels" in result:
+        k = result["kernels"]
+        line += (
+            f"; kernels {k['total_ms']:.1f} ms: matmul {k['matmul_ms']:.1f}, attention "
+            f"{k['attention_ms']:.1f}, other {k['other_ms']:.1f}"
+        )
+    if "prediction" in result:
+        p = result["prediction"]["measured"]
+        line += f"; predicted {p['step_seconds'] * 1e3:.1f} ms ({p['error_vs_measured']:+.0%})"
+    return line
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", default="64,128")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--budget_s", type=float, default=540.0)
+    parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--remat", default="none")
-    parser.add_argument("--sides", default="t2t,hf")
-    parser.add_argument("--out", help="write the results there as JSON")
+    parser.add_argument("--jobs", help="comma-separated job numbers (1-based) to run")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, few steps (CPU)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "gpu_train_step.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        side, batch = args.child.split(":")
-        if side == "t2t":
-            result = run_t2t(int(batch), args.steps, args.warmup, args.remat)
-        else:
-            result = run_hf(int(batch), args.steps, args.warmup)
-        print(RESULT + json.dumps(result), flush=True)
+        result = child(json.loads(args.child), args)
+        print(RESULT + json.dumps(result, default=str), flush=True)
         return 0
-    results = []
-    for batch in [int(b) for b in args.batches.split(",")]:
-        for side in args.sides.split(","):
-            command = [
-                sys.executable,
-                os.path.abspath(__file__),
-                f"--child={side}:{batch}",
-                f"--steps={args.steps}",
-                f"--warmup={args.warmup}",
-                f"--remat={args.remat}",
-            ]
-            done = subprocess.run(command, capture_output=True, text=True)
-            lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    plan = SMOKE_JOBS if args.smoke else JOBS
+    if args.jobs:
+        plan = [plan[int(i) - 1] for i in args.jobs.split(",")]
+    start, results, skipped = time.perf_counter(), [], []
+    for job, expected in plan:
+        job = {**job, "smoke": args.smoke}
+        left = args.budget_s - (time.perf_counter() - start)
+        if expected > left:
+            skipped.append(job)
+            continue
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            f"--child={json.dumps(job)}",
+            f"--steps={3 if args.smoke else args.steps}",
+            f"--warmup={1 if args.smoke else args.warmup}",
+        ]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=max(left, 1))
+            lines = [x for x in done.stdout.splitlines() if x.startswith(RESULT)]
             if done.returncode or not lines:
-                print(f"{side} batch {batch} failed:\n{done.stderr[-3000:]}", flush=True)
-                results.append({"side": side, "batch": batch, "error": done.stderr[-3000:]})
-                continue
-            result = json.loads(lines[-1][len(RESULT) :])
-            median = statistics.median(result["step_seconds"])
-            flops = _flops_per_example() * batch
-            peak = _peak(result["device"])
-            result.update(
-                median_seconds=median,
-                flops=flops,
-                tokens_per_second=batch * (INPUT_LENGTH + TARGET_LENGTH) / median,
-                mfu=flops / median / peak if peak else None,
-                peak_flops=peak,
-            )
-            results.append(result)
-            print(
-                f"{side:4s} batch {batch:4d} on {result['device']}: {median * 1e3:8.1f} ms/step, "
-                f"{result['tokens_per_second']:9.0f} tokens/s, MFU "
-                + (f"{result['mfu']:.1%}" if result["mfu"] else "?")
-                + (
-                    f" (compile {result['compile_seconds']:.0f} s)"
-                    if "compile_seconds" in result
-                    else ""
-                )
-                + f", loss {result['loss']:.3f}",
-                flush=True,
-            )
-    by = {(r["side"], r["batch"]): r for r in results if "median_seconds" in r}
-    for batch in [int(b) for b in args.batches.split(",")]:
-        if ("t2t", batch) in by and ("hf", batch) in by:
-            ratio = by[("hf", batch)]["median_seconds"] / by[("t2t", batch)]["median_seconds"]
-            print(f"batch {batch}: t2t / HF tokens/s = {ratio:.2f}x")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+                result = {**job, "error": done.stderr[-3000:]}
+            else:
+                result = _summarize(json.loads(lines[-1][len(RESULT) :]))
+        except subprocess.TimeoutExpired:
+            result = {**job, "error": "out of time"}
+        results.append(result)
+        print(_line(result), flush=True)
+        _write(args.out, results, skipped, time.perf_counter() - start)
+    _write(args.out, results, skipped, time.perf_counter() - start)
+    _print_ratios(results)
     return 0
+
+
+def _write(path: str, results: list, skipped: list, seconds: float) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "command": "python benchmarks/gpu_train_step_bench.py " + " ".join(sys.argv[1:]),
+                "wall_seconds": seconds,
+                "results": results,
+                "skipped": skipped,
+            },
+            f,
+            indent=1,
+            default=str,
+        )
+
+
+def _print_ratios(results: list) -> None:
+    by = {
+        (r["side"], r["preset"], r["batch"], r.get("attention_impl", "auto")): r
+        for r in results
+        if "median_seconds" in r
+    }
+    for (side, preset, batch, impl), r in sorted(by.items()):
+        if side != "t2t" or impl != "auto":
+            continue
+        for peer in ("hf+compile", "hf"):
+            other = by.get((peer, preset, batch, "auto"))
+            if other:
+                ratio = other["median_seconds"] / r["median_seconds"]
+                print(f"{preset} batch {batch}: t2t / {peer} tokens/s = {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ so an interrupted run resumes where it stopped.
     python benchmarks/scale_table.py --extras               # remat FLOPs, DP vs FSDP, compile time
     python benchmarks/scale_table.py --markdown              # print the table from the results
 
-Results: benchmarks/results/scale_table.json (every compile), printed as Markdown tables.
+Results: benchmarks/results/scale_table.json (every compile), printed as Markdown tables. The
+compiles of the network before the attention rework (issue 32; commit 3b5ee95) are kept in
+benchmarks/results/scale_table_3b5ee95.json: the search starts where they say a preset fits
+(`--previous`), and a cell not searched again shows the earlier network's answer, marked.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ CHEAPER = (
 MICROBATCHES = (1, 2, 4)  # tried in this order on a slice before a larger slice
 USABLE = 0.9  # a plan must leave 10% of HBM free
 DEFAULT_OUT = os.path.join(os.path.dirname(__file__), "results", "scale_table.json")
+DEFAULT_PREVIOUS = os.path.join(os.path.dirname(__file__), "results", "scale_table_3b5ee95.json")
 
 
 def chips_of(topology: str) -> int:
@@ -101,12 +105,18 @@ def mesh_for(devices: int, batch: int, micro: int) -> tuple[int, int]:
 class Results:
     """The JSON file of compile records, keyed by what was compiled."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, previous: str | None = None):
         self.path = path
-        self.records: dict[str, dict] = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                self.records = {r["key"]: r for r in json.load(f)["compiles"]}
+        self.records: dict[str, dict] = self._read(path)
+        # An earlier network's compiles: where to start searching, and cells not searched again.
+        self.previous: dict[str, dict] = self._read(previous) if previous else {}
+
+    @staticmethod
+    def _read(path: str) -> dict[str, dict]:
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return {r["key"]: r for r in json.load(f)["compiles"]}
 
     @staticmethod
     def key(preset, batch, topology, settings, scan=True) -> str:
@@ -215,7 +225,11 @@ def compile_one(
         "lower_seconds": train.get("lower_seconds"),
         "wall_seconds": time.perf_counter() - start,
         "flops_ratio": train.get("flops_ratio"),
-        "roofline": train.get("roofline"),
+        "cost_model": {
+            k: (train.get("cost_model") or {}).get(k)
+            for k in ("step_seconds", "mfu", "bound", "hbm_bytes", "matmul_bytes", "other_bytes")
+        },
+        "attention": report.run.get("attention"),
         "collectives": train.get("collectives"),
         "error": train.get("error"),
         "parameters": report.run["model"]["parameters"],
@@ -297,7 +311,7 @@ def _guess(results: Results, preset: str, batch: int, generation: str) -> int:
 
     capacity = targets.CHIPS[generation].memory_bytes * USABLE
     estimates = []
-    for record in results.records.values():
+    for record in [*results.records.values(), *results.previous.values()]:
         if (
             (record["preset"], record["batch"]) == (preset, batch)
             and record["memory_bytes"]
@@ -356,14 +370,19 @@ def markdown(results: Results, presets, batches, generations) -> str:
     for batch in batches:
         lines.append(
             f"\n**Batch {batch} x 512/114** (smallest slice with 10% of HBM free; "
-            "settings; HBM used; roofline bound on MFU; compile time)\n"
+            "settings; HBM used; the cost model's estimated MFU at the chip's peak rates; compile "
+            "time)\n"
         )
         lines.append("| preset | " + " | ".join(generations) + " |")
         lines.append("|---|" + "---|" * len(generations))
         for preset in presets:
             cells = []
             for generation in generations:
-                chosen = _chosen(results, preset, batch, generation)
+                chosen = _chosen(results.records, preset, batch, generation)
+                earlier = ""
+                if chosen is None and results.previous:
+                    chosen = _chosen(results.previous, preset, batch, generation)
+                    earlier = " [network of 3b5ee95, not searched again]"
                 if chosen is None:
                     cells.append("not searched")
                 elif chosen == "none":
@@ -377,25 +396,31 @@ def markdown(results: Results, presets, batches, generations) -> str:
                         f"{mesh[0]}x{mesh[1]}, remat {chosen['remat_policy']}"
                         + (f", {micro} microbatches" if micro > 1 else "")
                         + f", {chosen['memory_fraction']:.0%}"
-                        + (
-                            f", MFU <= {chosen['roofline']['mfu']:.0%}"
-                            if chosen.get("roofline")
-                            else ""
-                        )
+                        + _mfu(chosen)
                         + f", {chosen['compile_seconds']:.0f} s"
                         + ("" if shown else " (smaller slices not tried)")
+                        + earlier
                     )
             lines.append(f"| {preset} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _chosen(results: Results, preset: str, batch: int, generation: str):
+def _mfu(record: dict) -> str:
+    estimate = record.get("cost_model") or {}
+    if estimate.get("mfu"):
+        return f", MFU ~ {estimate['mfu']:.0%}"
+    if record.get("roofline"):  # the earlier report's bound from arguments and outputs only
+        return f", MFU <= {record['roofline']['mfu']:.0%} (old bound)"
+    return ""
+
+
+def _chosen(records: dict, preset: str, batch: int, generation: str):
     """The cell's compile: None when nothing was searched, "none" when no slice fits, else
     (record, smallest) where `smallest` says the next smaller slice was shown not to fit (or
     there is none), so the record is the search's answer and not only a slice that fits."""
     records = [
         r
-        for r in results.records.values()
+        for r in records.values()
         if (r["preset"], r["batch"]) == (preset, batch)
         and r["scan_layers"]
         and r["topology"] in SLICES[generation]
@@ -427,13 +452,18 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--generations", default="v5e,v4,v5p")
     parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument(
+        "--previous",
+        default=DEFAULT_PREVIOUS,
+        help="an earlier network's compiles: where searches start, and cells not searched again",
+    )
     parser.add_argument("--extras", action="store_true", help="only the extra measurements")
     parser.add_argument("--markdown", action="store_true", help="only print the tables")
     args = parser.parse_args(argv)
     presets = args.presets.split(",")
     batches = [int(b) for b in args.batches.split(",")]
     generations = args.generations.split(",")
-    results = Results(args.out)
+    results = Results(args.out, args.previous)
     if args.extras:
         extras(results)
     elif not args.markdown:

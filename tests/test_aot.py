@@ -195,4 +195,7 @@ def test_tiny_model_compiles_for_a_tpu_topology():
     assert report.fits is True
     assert report.target["devices"] == 4 and report.target["device_memory_bytes"] > 15 * 2**30
     assert report.train_step["flops_ratio"] == pytest.approx(1.0, abs=1e-6)
-    assert report.train_step["roofline"]["step_seconds"] > 0
+    estimate = report.train_step["cost_model"]
+    assert estimate["step_seconds"] >= estimate["matmul_seconds"] > 0
+    assert estimate["hbm_bytes"] > 0 and 0 < estimate["mfu"] < 1
+    assert set(report.run["attention"].values()) == {"xla"}

@@ -129,7 +129,7 @@ def _train_bindings(name, hf_directory, tmp_path):
     with open(os.path.join(GIN_DIR, name)) as f:  # fine-tuning runs start from a checkpoint
         if name == "runs/finetune.gin" or "include 'runs/finetune.gin'" in f.read():
             bindings.append(f"INIT_CHECKPOINT = '{hf_directory}'")
-    if name.startswith("runs/"):  # the run files leave the data to an objective or experiment
+    if name.startswith(("runs/", "studies/profiles/")):  # the data: an objective or experiment
         bindings += [
             "MIXTURE_OR_TASK = 'builtin_package'",
             "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
@@ -161,6 +161,40 @@ def test_train_files_build_model_optimizer_and_schedule(name, hf_directory, tmp_
     for evaluator in bound.get("evaluators", ()):
         assert callable(evaluator)
     assert bound["train_steps"] > 0 and bound["batch_size"] > 0
+
+
+# Files launched on accelerators at the paper's scale, and the CPU runs (demo, tests' tiny runs).
+ACCELERATOR_TRAIN_FILES = [
+    "experiments/t5_1_1_base_c4.gin",
+    "experiments/t5_base_c4_baseline.gin",
+    "experiments/t5_1_1_xxl_c4_pod.gin",
+    "experiments/hf_t5_finetune_glue.gin",
+    "studies/profiles/t5_base_finetune.gin",
+    "studies/profiles/t5_base_scratch.gin",
+]
+CPU_TRAIN_FILES = [
+    "experiments/tiny_builtin_demo.gin",
+    "experiments/tiny_builtin_finetune.gin",
+    "experiments/tiny_builtin_scratch.gin",
+]
+
+
+@pytest.mark.parametrize("name", ACCELERATOR_TRAIN_FILES + CPU_TRAIN_FILES)
+def test_paper_scale_files_compute_in_bfloat16_and_cpu_runs_in_float32(
+    name, hf_directory, tmp_path
+):
+    """T5X's accelerator convention (bfloat16 activations and matmuls, float32 parameters) in
+    every shipped file that launches a paper-sized run; float32 where a CPU trains."""
+    config = _train_bindings(name, hf_directory, tmp_path)["model_config"]
+    want = "bfloat16" if name in ACCELERATOR_TRAIN_FILES else "float32"
+    assert (config.dtype, config.param_dtype) == (want, "float32")
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith("models/t5_")])
+def test_paper_preset_files_compute_in_bfloat16(name):
+    _parse([name])
+    config = gin.query_parameter("MODEL_CONFIG/macro.value").scoped_configurable_fn()
+    assert (config.dtype, config.param_dtype) == ("bfloat16", "float32")
 
 
 def test_hf_finetune_takes_the_network_of_the_checkpoint(hf_directory, tmp_path):

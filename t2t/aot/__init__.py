@@ -4,8 +4,10 @@ Capacity planning before anyone rents a slice (`t2t compile`): the real train st
 decoding, with the real shardings, lowered on abstract inputs and compiled by libtpu's compiler
 for a named Cloud TPU topology (`tpu_target("v5p:4x4x4")`; libtpu is an optional extra and needs
 no TPU) or for N CPU devices (`cpu_target(8)`). The report gives memory per device against the
-device's capacity, compile time, compiled against model FLOPs, the collectives and a roofline
-bound, and settings that would make a step that does not fit fit.
+device's capacity, compile time, compiled against model FLOPs, the collectives, the compute dtype
+and attention implementation, an estimated step time from the program's matmul FLOPs and memory
+traffic (`cost_model`) with its largest memory-bound operations, and settings that would make a
+step that does not fit fit.
 
     from t2t import aot, nn
     shape = aot.RunShape(nn.get_preset("t5_1_1_base", dtype="bfloat16", scan_layers=True),
@@ -15,6 +17,7 @@ bound, and settings that would make a step that does not fit fit.
     print(aot.format_report(report))
 """
 
+from t2t.aot import cost_model
 from t2t.aot.report import Report, RunShape, advise, compile_run, format_report
 from t2t.aot.targets import CHIPS, Chip, Target, cpu_target, ensure_cpu_devices, tpu_target
 
@@ -25,6 +28,7 @@ __all__ = [
     "RunShape",
     "Target",
     "advise",
+    "cost_model",
     "compile_run",
     "cpu_target",
     "ensure_cpu_devices",

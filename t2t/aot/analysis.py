@@ -1,8 +1,9 @@
-"""What a compiled program costs: memory per device, FLOPs, collectives, a roofline bound.
+"""What a compiled program holds: memory per device, XLA's own FLOP count, collectives.
 
 Everything here reads the compiler's own accounts of one device's program (XLA compiles one
 SPMD program that every device runs): `memory_analysis()` for buffers, `cost_analysis()` for
-FLOPs and bytes accessed, and the optimized HLO text for the collectives.
+FLOPs and bytes accessed, and the optimized HLO text for the collectives. The step-time estimate
+is `t2t.aot.cost_model`'s.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from typing import Any
-
-from t2t.aot.targets import Chip
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # An instruction whose opcode is a collective (or its asynchronous start): "%x = SHAPE op(". The
@@ -132,43 +131,6 @@ def costs(compiled: Any) -> dict[str, float]:
         "flops": float(analysis.get("flops", 0.0)),
         "bytes_accessed": float(analysis.get("bytes accessed", 0.0)),
     }
-
-
-def roofline(
-    flops: float, bytes_moved: float, chip: Chip | None, model_flops: float | None = None
-) -> dict[str, float] | None:
-    """A lower bound on step time from the chip's peaks, and the MFU it allows.
-
-    time >= max(FLOPs / peak FLOP/s, bytes / memory bandwidth): the step cannot compute faster
-    than the peak, nor move its data faster than the bandwidth, and both bounds hold even with
-    perfect overlap of compute, memory traffic and collectives. Real steps are slower; the bound
-    says which resource limits the best case and how far from the chip's peak it is.
-
-    Args:
-      flops: one device's matmul FLOPs (`t2t.aot.flops`: loops counted in full).
-      bytes_moved: bytes one device must at least read or write each step: every argument
-        read once and every output written once (XLA's own "bytes accessed" is not used: it
-        counts a loop body once and a fused operand at every use).
-      chip: the device's figures (None or zero peaks: no bound).
-      model_flops: the model's own FLOPs per device and step (`t2t.nn.flops`), for MFU.
-
-    Returns:
-      {"compute_seconds", "memory_seconds", "step_seconds", "bound", "mfu"} or None.
-    """
-    if chip is None or not chip.peak_flops or not chip.memory_bandwidth:
-        return None
-    compute = flops / chip.peak_flops
-    memory = bytes_moved / chip.memory_bandwidth
-    step = max(compute, memory)
-    out = {
-        "compute_seconds": compute,
-        "memory_seconds": memory,
-        "step_seconds": step,
-        "bound": "compute" if compute >= memory else "memory",
-    }
-    if model_flops is not None and step > 0:
-        out["mfu"] = model_flops / (step * chip.peak_flops)
-    return out
 
 
 # The out-of-memory message of libtpu's compiler, e.g. "... exceeds available HBM (15.75G)" or

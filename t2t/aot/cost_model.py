@@ -80,13 +80,19 @@ _COLLECTIVES = frozenset(
 )
 _ASYNC_COPIES = frozenset({"copy-start", "slice-start"})
 _MATMUL_OPCODES = frozenset({"dot", "convolution", "ragged-dot"})
-# Custom-call targets that are matmuls or fused attention (cuBLAS, cuBLASLt, cuDNN, oneDNN).
-_MATMUL_TARGET = re.compile(r"gemm|matmul|cudnn\$|fmha|onednn\$(matmul|convolution)", re.I)
+# Custom-call targets that are matmuls or fused attention: cuBLAS, cuBLASLt, cuDNN, oneDNN, and
+# Mosaic kernels on TPUs (in t2t's programs only Pallas flash attention).
+_MATMUL_TARGET = re.compile(
+    r"gemm|matmul|cudnn\$|fmha|onednn\$(matmul|convolution)|tpu_custom_call", re.I
+)
 # Custom calls that only move collectives' data (TPU asynchronous collectives).
 _COLLECTIVE_TARGET = re.compile(r"Collective", re.I)
 # Custom calls that cost nothing worth modeling.
-_TRIVIAL_TARGET = re.compile(r"AssumeGatherIndicesInBound|Sharding|SPMDFullToShardShape|"
-                             r"SPMDShardToFullShape|MoveToHost|MoveToDevice|annotate", re.I)
+_TRIVIAL_TARGET = re.compile(
+    r"AssumeGatherIndicesInBound|Sharding|SPMDFullToShardShape|"
+    r"SPMDShardToFullShape|MoveToHost|MoveToDevice|annotate",
+    re.I,
+)
 _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
 _VIEWS = frozenset({"bitcast", "reshape", "get-tuple-element", "copy"})
 
@@ -180,8 +186,9 @@ def _fusion_bytes(module: hlo.Module, fusion: hlo.Instruction, outer: hlo.Comput
             continue
         param = params.get(index)
         users = _through_views(fused, param.name) if param is not None else []
-        if users and all(u.opcode in _SLICING and u.operands[0] in _view_names(fused, param.name)
-                         for u in users):
+        if users and all(
+            u.opcode in _SLICING and u.operands[0] in _view_names(fused, param.name) for u in users
+        ):
             total += sum(hlo.device_memory_bytes(u.shape) or _array_bytes(u.shape) for u in users)
         elif users and all(
             u.opcode == "dynamic-update-slice" and u.operands[0] in _view_names(fused, param.name)
@@ -309,9 +316,7 @@ def _walk_branches(module, instruction, runs, traffic, stack) -> None:
     for branch in instruction.branches:
         trial = Traffic()
         _walk(module, branch, runs, trial, stack)
-        if best is None or sum(k.bytes for k in trial.kernels) > sum(
-            k.bytes for k in best.kernels
-        ):
+        if best is None or sum(k.bytes for k in trial.kernels) > sum(k.bytes for k in best.kernels):
             best = trial
     if best is not None:
         traffic.kernels += best.kernels
@@ -336,9 +341,7 @@ def _async_copy_bytes(instruction: hlo.Instruction, computation: hlo.Computation
         return 0.0
     piece = moved[1]
     source = computation.by_name.get(instruction.operands[0]) if instruction.operands else None
-    source_in_hbm = source is None or any(
-        a.memory_space == 0 for a in hlo.arrays(source.shape)
-    )
+    source_in_hbm = source is None or any(a.memory_space == 0 for a in hlo.arrays(source.shape))
     sides = int(source_in_hbm) + int(piece.memory_space == 0)
     return float(piece.bytes * sides)
 
@@ -355,8 +358,14 @@ def traffic(hlo_text: str) -> Traffic:
 def _source(op_name: str) -> str:
     """A kernel's JAX source, shortened: "jit(train_step)/jvp()/while/body/closed_call/add" ->
     "while/body/add" (transformations dropped, the last operations kept)."""
-    parts = [p for p in op_name.split("/") if p and not p.startswith(("jit(", "jvp(", "closed_call"))]
-    parts = [p for p in parts if p not in ("transpose(jvp())", "body", "checkpoint", "rematted_computation")]
+    parts = [
+        p for p in op_name.split("/") if p and not p.startswith(("jit(", "jvp(", "closed_call"))
+    ]
+    parts = [
+        p
+        for p in parts
+        if p not in ("transpose(jvp())", "body", "checkpoint", "rematted_computation")
+    ]
     return "/".join(parts[-3:]) or "(no metadata)"
 
 

@@ -38,7 +38,8 @@ def matmul_flops(jaxpr: Any) -> int:
     """2 * m * k * n summed over every matmul the (closed) jaxpr runs.
 
     A `scan` body counts `length` times; a `cond` counts its most expensive branch; a `while`
-    loop (unknown trip count) counts its body once.
+    loop (unknown trip count) counts its body once; a Pallas kernel (`pallas_call`) counts its
+    body once per point of its grid.
     """
     if isinstance(jaxpr, jex_core.ClosedJaxpr):
         jaxpr = jaxpr.jaxpr
@@ -54,5 +55,9 @@ def matmul_flops(jaxpr: Any) -> int:
         inner = sum(
             matmul_flops(sub) for value in eqn.params.values() for sub in _sub_jaxprs(value)
         )
-        total += inner * (eqn.params["length"] if name == "scan" else 1)
+        if name == "scan":
+            inner *= eqn.params["length"]
+        elif name == "pallas_call":
+            inner *= math.prod(eqn.params["grid_mapping"].grid)
+        total += inner
     return total

@@ -3,8 +3,10 @@
 `compile_run` takes what a training run is made of (the network, the batch, the mesh and sharding
 mode, microbatches, the optimizer) and a `Target`, compiles the real programs on abstract inputs,
 and returns a `Report`: memory per device against the device's capacity, compile time, compiled
-FLOPs against the model's exact FLOPs (`t2t.nn.flops`), the collectives, a roofline bound on
-step time and MFU, and, when the step does not fit, which settings would make it fit.
+FLOPs against the model's exact FLOPs (`t2t.nn.flops`), the collectives, the compute dtype and
+the attention implementation each site runs, an estimate of the step's time from its matmul FLOPs
+and memory traffic (`t2t.aot.cost_model`) with what bounds it and its largest memory-bound
+operations, and, when the step does not fit, which settings would make it fit.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import numpy as np
 import optax
 
 from t2t import models
-from t2t.aot import analysis, programs
+from t2t.aot import analysis, cost_model, programs
 from t2t.aot.targets import GIB, Target
+from t2t.nn import attention_ops
 from t2t.nn import flops as nn_flops
 from t2t.nn.config import TransformerConfig
 from t2t.partitioning import Partitioner, make_partitioner
@@ -108,12 +111,14 @@ def _memory_entry(memory: analysis.Memory, capacity: int | None) -> dict[str, An
 def _program_entry(result: programs.Compiled, capacity: int | None) -> dict[str, Any]:
     compiled = result.compiled
     entry = _memory_entry(analysis.Memory.of(compiled), capacity)
+    text = compiled.as_text()
+    entry["hlo_text"] = text  # read by the cost model, dropped from the report
     xla = analysis.costs(compiled)
     # XLA's own counts (all operations, a loop body counted once), for reference.
     entry["xla_flops"] = xla["flops"]
     entry["xla_bytes_accessed"] = xla["bytes_accessed"]
     entry["program_flops"] = result.matmul_flops
-    entry["collectives"] = analysis.collective_census(compiled.as_text())
+    entry["collectives"] = analysis.collective_census(text)
     entry["lower_seconds"] = result.lower_seconds
     entry["compile_seconds"] = result.compile_seconds
     return entry
@@ -209,13 +214,15 @@ def compile_run(
         "params": _state_bytes_per_device(params),
         "optimizer": _state_bytes_per_device(opt_state),
     }
+    hlo_text = train.pop("hlo_text", None)
     if "program_flops" in train:
         train["flops"] = train["program_flops"] / target.num_devices
         train["flops_ratio"] = train["flops"] / model_flops
-        memory = train["memory"]
-        train["roofline"] = analysis.roofline(
-            train["flops"], memory["arguments"] + memory["outputs"], target.chip, model_flops
-        )
+        if hlo_text is not None and target.chip and target.chip.peak_flops:
+            rates = cost_model.Rates(target.chip.peak_flops, target.chip.memory_bandwidth)
+            estimate = cost_model.estimate(hlo_text, train["flops"], rates)
+            estimate["mfu"] = model_flops / (estimate["step_seconds"] * target.chip.peak_flops)
+            train["cost_model"] = estimate
     decoded = None
     if decode:
         decoded = _compile_or_oom(
@@ -224,6 +231,7 @@ def compile_run(
             ),
             capacity,
         )
+        decoded.pop("hlo_text", None)
     report = Report(
         target=_target_entry(target),
         run={**_run_entry(shape, partitioner), "model": _summary(config, params)},
@@ -244,6 +252,11 @@ def _check_batch(shape: RunShape, partitioner: Partitioner) -> None:
             f"axis ({data}) must divide. Choose a batch size that is a multiple of "
             f"{shape.num_microbatches * data}."
         )
+
+
+def _site_lengths(shape: RunShape) -> tuple[int, int]:
+    inputs, targets = shape.lengths()
+    return inputs, targets
 
 
 def _decode_shapes(config: TransformerConfig, shape: RunShape) -> dict[str, tuple[int, int]]:
@@ -284,6 +297,9 @@ def _run_entry(shape: RunShape, partitioner: Partitioner) -> dict[str, Any]:
         "remat_policy": shape.config.remat_policy,
         "scan_layers": shape.config.scan_layers,
         "pack": shape.pack,
+        "attention": attention_ops.describe(
+            shape.config, partitioner.mesh.devices.flat[0].platform, lengths=_site_lengths(shape)
+        ),
     }
 
 
@@ -363,11 +379,15 @@ def format_report(report: Report) -> str:
         f"target {t['name']}: {t['devices']} devices ({t['chips']} chips, {t['hosts']} "
         f"host{'s' if t['hosts'] > 1 else ''})"
         + (f", {_gib(t['device_memory_bytes'])} per device" if t["device_memory_bytes"] else ""),
-        f"run: {model['parameters'] / 1e6:,.1f}M parameters ({model['architecture']}, "
-        f"{model['dtype']}), batch {run['batch_size']} x {run['task_feature_lengths']}, mesh "
+        f"run: {model['parameters'] / 1e6:,.1f}M parameters ({model['architecture']}, compute "
+        f"{model['dtype']}, parameters {model['param_dtype']}), batch {run['batch_size']} x "
+        f"{run['task_feature_lengths']}, mesh "
         f"data={run['mesh']['data']} model={run['mesh']['model']} {run['sharding_mode']}, "
         f"microbatches {run['num_microbatches']}, remat {run['remat_policy']}, "
         f"scan {run['scan_layers']}",
+        "attention ("
+        + f"{model['attention_impl']} on {t['platform']}): "
+        + ", ".join(f"{site} {impl}" for site, impl in run["attention"].items()),
     ]
     lines += _format_program("train step", train)
     if "flops_ratio" in train:
@@ -375,19 +395,39 @@ def format_report(report: Report) -> str:
             f"  matmul FLOPs per device: program {_flop(train['flops'])}, model "
             f"{_flop(train['model_flops'])} (ratio {train['flops_ratio']:.3f})"
         )
-    roof = train.get("roofline")
-    if roof:
-        lines.append(
-            f"  roofline: step >= {roof['step_seconds'] * 1e3:.1f} ms ({roof['bound']}-bound: "
-            f"compute {roof['compute_seconds'] * 1e3:.1f} ms, memory "
-            f"{roof['memory_seconds'] * 1e3:.1f} ms), MFU <= {roof['mfu']:.1%}"
-        )
+    if train.get("cost_model"):
+        lines += format_cost_model(train["cost_model"])
     if report.decode is not None:
         lines += _format_program("greedy decoding", report.decode)
     lines += [f"  - {tip}" for tip in report.advice]
     verdict = {True: "fits", False: "DOES NOT FIT", None: "no memory limit to check"}
     lines.append(f"verdict: {verdict[report.fits]}")
     return "\n".join(lines)
+
+
+def format_cost_model(estimate: Mapping[str, Any], *, largest: int = 4) -> list[str]:
+    """The cost model's estimate as report lines."""
+    ms = 1e3
+    lines = [
+        f"  estimated step: {estimate['step_seconds'] * ms:.1f} ms at the chip's "
+        f"{estimate['rates']['source']} rates, {estimate['bound']}-bound (matmuls "
+        f"{estimate['matmul_seconds'] * ms:.1f} ms, their operands "
+        f"{estimate['matmul_memory_seconds'] * ms:.1f} ms; other kernels "
+        f"{estimate['other_seconds'] * ms:.1f} ms), MFU ~ {estimate['mfu']:.1%}",
+        f"  memory traffic per step: {estimate['hbm_bytes'] / 1e9:,.1f} GB (matmul kernels "
+        f"{estimate['matmul_bytes'] / 1e9:,.1f} GB, other kernels "
+        f"{estimate['other_bytes'] / 1e9:,.1f} GB)",
+    ]
+    if estimate["largest_memory_bound"]:
+        lines.append(
+            "  largest memory-bound: "
+            + "; ".join(
+                f"{op['source']} {op['bytes'] / 1e9:,.1f} GB ({op['seconds'] * ms:.1f} ms)"
+                for op in estimate["largest_memory_bound"][:largest]
+            )
+        )
+    lines.append("  not modeled: " + "; ".join(estimate["not_modeled"]))
+    return lines
 
 
 def _format_program(name: str, entry: Mapping[str, Any]) -> list[str]:

@@ -186,8 +186,10 @@ def add_compile(subparsers) -> None:
         "would run under the same gin files, with their real shardings, on abstract inputs: "
         "nothing runs and no data is read. --topology uses libtpu's compiler (pip install -e "
         "'.[tpu]'; no TPU needed). Reports memory per device against the device's, compiled vs. "
-        "model FLOPs, the collectives and a roofline bound; exits 1 when the step does not fit, "
-        "with settings that would make it fit. Example: t2t compile --gin_file="
+        "model FLOPs, the collectives, the compute dtype and attention implementation, and the "
+        "step's estimated time from its matmul FLOPs and memory traffic with its largest "
+        "memory-bound operations; exits 1 when the step does not fit, with settings that would "
+        "make it fit. Example: t2t compile --gin_file="
         "gin/experiments/t5_1_1_base_c4.gin --topology=v5e:4x4 --batch_size=2048 "
         "--sharding_mode=fsdp --remat_policy=full --scan_layers",
     )
@@ -215,6 +217,11 @@ def add_compile(subparsers) -> None:
         action="store_true",
         default=None,
         help="scan the layers (default: the model config's)",
+    )
+    parser.add_argument(
+        "--attention_impl",
+        choices=("auto", "xla", "cudnn", "flash"),
+        help="how attention is computed (default: the model config's, normally auto)",
     )
     parser.add_argument(
         "--no_decode",
@@ -249,6 +256,7 @@ def add_compile(subparsers) -> None:
             "num_microbatches",
             "remat_policy",
             "scan_layers",
+            "attention_impl",
             "decode",
             "output_json",
         )

@@ -29,6 +29,7 @@ class MultiHeadAttention(nnx.Module):
         self.dtype = config.compute_dtype
         self.dropout_rate = config.dropout_rate
         self.implementation = config.attention_impl
+        self.float32_logits = config.float32_attention_logits
         d, inner = config.d_model, config.inner_dim
         in_names = (axes.EMBED, axes.JOINED_KV)
 
@@ -120,6 +121,7 @@ class MultiHeadAttention(nnx.Module):
             implementation=self.implementation,
             dropout_rate=self.dropout_rate,
             rngs=rngs,
+            float32_logits=self.float32_logits,
         )
         out = constrain(out, axes.BLNH)  # [B, L, N, H]
         return self.out(out.reshape(*out.shape[:2], -1))  # [B, L, D]

@@ -14,6 +14,10 @@ each implementation combines them the way its kernel wants.
   prefix LMs pass a boolean mask, which JAX's wrapper turns into a per-row bias. The bias is
   cast to the compute dtype: with a float32 bias cuDNN's bias gradient was measured wrong
   (issue 32). No dropout on attention weights.
+- `flash`: Pallas flash attention on TPUs (`jax.experimental.pallas.ops.tpu.flash_attention`),
+  for query and key lengths that are multiples of 128 (the decoder's 114 targets are not: those
+  sites stay on XLA). Its bias operand is [B, N, L, S] per device, so the position bias is
+  broadcast over the rows inside each device's shard; padding and packing become segment ids.
 - `auto`: per call site, from the platform the program is compiled for: `cudnn` on GPUs for
   the encoder's self-attention (bias, not causal: measured 2.1x faster forward + backward on an
   H100 at T5.1.1-base's shapes), `xla` elsewhere (the 114-token causal decoder was measured
@@ -25,17 +29,23 @@ every implementation is called with scale 1.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from t2t.nn import layers, masks
+from t2t.nn import axes, layers, masks
 from t2t.nn.config import ATTENTION_IMPLS as IMPLEMENTATIONS
+from t2t.nn.sharding import current_spec
+
 # NOTE: a large finite negative number, not -inf: a query that may see no key (a padding
 # query) then gets a uniform softmax instead of NaNs, as with the additive -1e10 of old.
 MASKED_LOGIT = masks.MASKED_BIAS
 # cuDNN's flash attention: the head dimensions it takes and the compute dtypes.
 _CUDNN_DTYPES = ("bfloat16", "float16")
 _CUDNN_MAX_HEAD_DIM = 128
+# Pallas flash attention on TPUs tiles queries and keys in blocks of 128.
+_FLASH_BLOCK = 128
 
 
 def current_platform() -> str:
@@ -75,6 +85,29 @@ def cudnn_unsupported(
     return None
 
 
+def flash_unsupported(
+    *,
+    platform: str,
+    lengths: tuple[int, int] | None,
+    dropout: bool,
+    per_row_bias: bool = False,
+    prefix_or_dense: bool = False,
+) -> str | None:
+    """Why Pallas flash attention (TPU) cannot run this attention (None when it can)."""
+    if platform != "tpu":
+        return f"Pallas flash attention runs on TPUs, and this program is for {platform}"
+    if lengths is not None and any(n % _FLASH_BLOCK for n in lengths):
+        return (
+            f"Pallas flash attention tiles by {_FLASH_BLOCK}, and the query and key lengths are "
+            f"{lengths[0]} and {lengths[1]}"
+        )
+    if dropout:
+        return "Pallas flash attention has no dropout on the attention weights"
+    if per_row_bias or prefix_or_dense:
+        return "decoding steps and prefix LMs are left to XLA"
+    return None
+
+
 def choose(
     requested: str,
     *,
@@ -85,6 +118,8 @@ def choose(
     has_bias: bool,
     dropout: bool = False,
     per_row_bias: bool = False,
+    lengths: tuple[int, int] | None = None,
+    prefix_or_dense: bool = False,
 ) -> str:
     """The implementation one attention call runs: `requested`, or `auto`'s pick.
 
@@ -93,9 +128,7 @@ def choose(
         says why and what to change).
     """
     if requested not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}."
-        )
+        raise ValueError(f"attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}.")
     reason = cudnn_unsupported(
         platform=platform,
         dtype=dtype,
@@ -110,21 +143,54 @@ def choose(
                 "(cuDNN where it can run, XLA elsewhere) or 'xla'."
             )
         return "xla" if per_row_bias else "cudnn"
+    if requested == "flash":
+        flash_reason = flash_unsupported(
+            platform=platform,
+            lengths=lengths,
+            dropout=dropout,
+            per_row_bias=per_row_bias,
+            prefix_or_dense=prefix_or_dense,
+        )
+        if flash_reason is None:
+            return "flash"
+        if per_row_bias or prefix_or_dense or (lengths is not None and platform == "tpu"):
+            return "xla"  # sites flash cannot take (decoding, prefix LMs, short targets)
+        raise ValueError(
+            f"attention_impl='flash' cannot run here: {flash_reason}. Use attention_impl='auto' "
+            "or 'xla'."
+        )
     if requested == "auto":
         return "cudnn" if reason is None and has_bias and not causal else "xla"
     return requested
 
 
-def describe(config, platform: str, *, training: bool = True) -> dict[str, str]:
+def describe(
+    config,
+    platform: str,
+    *,
+    training: bool = True,
+    lengths: tuple[int, int] | None = None,
+) -> dict[str, str]:
     """What each attention site of `config`'s network runs on `platform`, e.g.
-    {"encoder self-attention": "cudnn", "decoder self-attention": "xla", ...}."""
+    {"encoder self-attention": "cudnn", "decoder self-attention": "xla", ...}.
+
+    Args:
+      config: the network.
+      platform: "cpu", "gpu" or "tpu".
+      training: whether dropout is on (it is only while training).
+      lengths: (input length, target length) of the batches, for implementations that need
+        particular lengths; None: not checked. Decoder-only models attend over both together.
+    """
     dropout = training and config.dropout_rate > 0
-    sites = {}
-    if not config.is_decoder_only:
-        sites["encoder self-attention"] = (False, True)
-    sites["decoder self-attention"] = (True, True)
-    if not config.is_decoder_only:
-        sites["cross-attention"] = (False, False)
+    inputs, targets = lengths if lengths is not None else (None, None)
+    sites = {}  # site -> (causal, has_bias, (query length, key length) or None)
+    if config.is_decoder_only:
+        total = None if lengths is None else inputs + targets
+        sites["decoder self-attention"] = (True, True, None if total is None else (total, total))
+    else:
+        sites["encoder self-attention"] = (False, True, lengths and (inputs, inputs))
+        sites["decoder self-attention"] = (True, True, lengths and (targets, targets))
+        sites["cross-attention"] = (False, False, lengths and (targets, inputs))
     return {
         site: choose(
             config.attention_impl,
@@ -134,8 +200,10 @@ def describe(config, platform: str, *, training: bool = True) -> dict[str, str]:
             causal=causal,
             has_bias=has_bias,
             dropout=dropout,
+            lengths=site_lengths,
+            prefix_or_dense=config.architecture == "prefix_lm",
         )
-        for site, (causal, has_bias) in sites.items()
+        for site, (causal, has_bias, site_lengths) in sites.items()
     }
 
 
@@ -149,6 +217,7 @@ def attention(
     implementation: str = "auto",
     dropout_rate: float = 0.0,
     rngs=None,
+    float32_logits: bool = False,
 ) -> jax.Array:
     """Multi-head attention of every query over every key.
 
@@ -162,6 +231,8 @@ def attention(
       implementation: "auto", "xla" or "cudnn" (`choose`).
       dropout_rate: dropout on the attention weights when `rngs` is given.
       rngs: `nnx.Rngs` with a dropout stream, or None (deterministic).
+      float32_logits: XLA stores the logits [B, N, L, S] in float32 instead of the compute
+        dtype (the softmax computes in float32 either way).
 
     Returns:
       [B, L, N, H] in the dtype of `v`.
@@ -176,14 +247,21 @@ def attention(
         has_bias=bias is not None,
         dropout=dropout,
         per_row_bias=bias is not None and bias.shape[0] > 1,
+        lengths=(q.shape[1], k.shape[2]),
+        prefix_or_dense=visibility.prefix is not None or visibility.dense is not None,
     )
     if chosen == "cudnn":
         return _cudnn(q, k, v, bias, visibility)
-    return _xla(q, k, v, bias, visibility, dropout_rate, rngs)
+    if chosen == "flash":
+        return _flash(q, k, v, bias, visibility)
+    logits_dtype = jnp.float32 if float32_logits else q.dtype
+    return _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype)
 
 
-def _xla(q, k, v, bias, visibility, dropout_rate, rngs) -> jax.Array:
-    logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=jnp.float32)
+def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype) -> jax.Array:
+    # [B, N, L, S] in `logits_dtype` (the compute dtype by default, as T5X), softmax in float32.
+    logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=logits_dtype)
+    logits = logits.astype(jnp.float32)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)  # [1 or B, N, L, S] broadcast in the kernel
     mask = visibility.mask(q.shape[1], k.shape[2])  # [B or 1, 1, L, S] bool, fused
@@ -192,9 +270,42 @@ def _xla(q, k, v, bias, visibility, dropout_rate, rngs) -> jax.Array:
         # backward pass, whereas a select keeps its predicate broadcast to [B, N, L, S], which
         # JAX hoists out of a scanned stack as one such array per layer loop.
         logits = logits + jnp.where(mask, 0.0, MASKED_LOGIT).astype(jnp.float32)
-    weights = jax.nn.softmax(logits, axis=-1)  # [B, N, L, S] float32
-    weights = layers.dropout(weights, dropout_rate, rngs).astype(v.dtype)
+    weights = softmax(logits, v.dtype)  # [B, N, L, S] in the compute dtype
+    weights = layers.dropout(weights, dropout_rate, rngs)
     return jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def softmax(logits: jax.Array, dtype) -> jax.Array:
+    """Softmax over the last axis computed in float32, returned in `dtype`.
+
+    Its gradient is computed from the returned probabilities, which are what the attention's
+    second matmul reads anyway: the backward pass keeps nothing else of size [B, N, L, S]
+    (`jax.nn.softmax`'s would keep its float32 output or input, twice the bytes in bfloat16).
+    In float32 this is `jax.nn.softmax` with its own gradient.
+    """
+    x = logits.astype(jnp.float32)
+    # NOTE: as exp(x - logsumexp(x)), so the normalizing kernel recomputes the exponential
+    # from the (compute-dtype) logits; `x / sum(x)` after `exp` has XLA store the float32
+    # exponentials [B, N, L, S] between its two kernels.
+    peak = jnp.max(x, axis=-1, keepdims=True)
+    log_sum = peak + jnp.log(jnp.sum(jnp.exp(x - peak), axis=-1, keepdims=True))
+    return jnp.exp(x - log_sum).astype(dtype)
+
+
+def _softmax_forward(logits, dtype):
+    probabilities = softmax(logits, dtype)
+    return probabilities, probabilities
+
+
+def _softmax_backward(dtype, probabilities, grad):
+    del dtype
+    p = probabilities.astype(jnp.float32)
+    g = grad.astype(jnp.float32)
+    return (p * (g - jnp.sum(p * g, axis=-1, keepdims=True)),)
+
+
+softmax.defvjp(_softmax_forward, _softmax_backward)
 
 
 def _cudnn(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:
@@ -240,3 +351,58 @@ def _without_causal(visibility: masks.Visibility) -> masks.Visibility:
         key_segments=visibility.key_segments,
         dense=visibility.dense,
     )
+
+
+def _flash(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:
+    """Pallas flash attention (TPU): blocks of queries and keys stay in on-chip memory, so no
+    [B, N, L, S] logits are written. Its bias operand must be [B, N, L, S]: the position bias is
+    broadcast over this device's rows inside the shard. Padding and packing become segment ids
+    (padding is segment 0, which real tokens never see)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    batch, length, key_length = q.shape[0], q.shape[1], k.shape[2]
+    query_ids, key_ids = _segment_ids(visibility, batch, length, key_length)
+    q = jnp.swapaxes(q, 1, 2)  # [B, N, L, H]
+    has_bias = bias is not None
+
+    def attend(q, k, v, bias, query_ids, key_ids):
+        ab = None
+        if has_bias:  # [B, N, L, S] for this shard's rows and heads
+            ab = jnp.broadcast_to(bias.astype(q.dtype), (*q.shape[:2], length, key_length))
+        segments = None
+        if query_ids is not None:
+            segments = pallas_flash.SegmentIds(q=query_ids, kv=key_ids)
+        return pallas_flash.flash_attention(
+            q, k, v, ab=ab, segment_ids=segments, causal=visibility.causal, sm_scale=1.0
+        )
+
+    heads = (axes.ACT_BATCH, axes.ACT_HEADS, axes.ACT_LENGTH, axes.ACT_KV)
+    q_spec = current_spec(heads, q.shape)
+    if q_spec is not None:  # inside a mesh: one kernel per device on its own shards
+        rows = current_spec((axes.ACT_BATCH, axes.ACT_LENGTH), (batch, length))
+        bias_spec = None if bias is None else current_spec(heads, bias.shape)
+        ids_spec = None if query_ids is None else rows
+        attend = jax.shard_map(
+            attend,
+            in_specs=(q_spec, q_spec, q_spec, bias_spec, ids_spec, ids_spec),
+            out_specs=q_spec,
+            check_vma=False,
+        )
+    out = attend(q, k, v, bias, query_ids, key_ids)  # [B, N, L, H]
+    return jnp.swapaxes(out, 1, 2)  # [B, L, N, H]
+
+
+def _segment_ids(visibility: masks.Visibility, batch: int, length: int, key_length: int):
+    """[B, L] and [B, S] int32 segment ids saying what padding and packing say, or Nones."""
+    if visibility.packed:
+        return (
+            visibility.query_segments.astype(jnp.int32),
+            visibility.key_segments.astype(jnp.int32),
+        )
+    if visibility.query_valid is None and visibility.key_valid is None:
+        return None, None
+    query = visibility.query_valid
+    key = visibility.key_valid
+    query = jnp.ones((batch, length), jnp.int32) if query is None else query.astype(jnp.int32)
+    key = jnp.ones((batch, key_length), jnp.int32) if key is None else key.astype(jnp.int32)
+    return query, key

@@ -24,7 +24,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 PARAM_DTYPES = ("float32", "bfloat16")
 # How attention is computed (`t2t.nn.attention_ops`): "auto" picks per platform and call site.
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "flash")
 # The dense layers LoRA may adapt (`TransformerConfig.lora_targets`), by module name: attention
 # projections (self- and cross-attention alike), MLP kernels, and the untied output projection.
 LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo", "logits_dense")
@@ -75,9 +75,14 @@ class TransformerConfig:
       prompt_length: P, learned vectors prepended to the embedded encoder inputs (prompt
         tuning). 0: no prompt. Encoder-decoder architectures, unpacked inputs only.
       attention_impl: how attention is computed, `t2t.nn.attention_ops`: "xla" (everywhere),
-        "cudnn" (cuDNN flash attention on NVIDIA GPUs, bfloat16, no attention dropout) or
-        "auto" (cuDNN where it is measured faster, XLA elsewhere). Speed only: every
-        implementation computes the same function.
+        "cudnn" (cuDNN flash attention on NVIDIA GPUs, bfloat16, no attention dropout),
+        "flash" (Pallas flash attention on TPUs, lengths multiples of 128) or "auto" (the
+        fastest measured where it can run, XLA elsewhere). Speed only: every implementation
+        computes the same function.
+      float32_attention_logits: keep the attention logits [B, N, L, S] in float32 when the
+        network computes in bfloat16 (T5X's option of the same name). False (T5X's default)
+        stores them in the compute dtype; the softmax computes in float32 either way. XLA
+        path only (the fused kernels never store logits).
     """
 
     vocab_size: int
@@ -104,6 +109,7 @@ class TransformerConfig:
     lora_targets: tuple[str, ...] = ("query", "value")
     prompt_length: int = 0
     attention_impl: str = "auto"
+    float32_attention_logits: bool = False
 
     def __post_init__(self):
         # Normalize inputs that arrive as lists (JSON, gin) or dtype objects to canonical forms,
@@ -154,6 +160,11 @@ class TransformerConfig:
             raise TypeError(
                 "TransformerConfig.logits_via_embedding must be a bool, got "
                 f"{self.logits_via_embedding!r}."
+            )
+        if not isinstance(self.float32_attention_logits, bool):
+            raise TypeError(
+                "TransformerConfig.float32_attention_logits must be a bool, got "
+                f"{self.float32_attention_logits!r}."
             )
         if not isinstance(self.scan_layers, bool):
             raise TypeError(

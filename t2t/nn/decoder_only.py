@@ -112,9 +112,7 @@ class DecoderOnly(nnx.Module):
         if prompt_length:
             visibility = self._visibility(None, decoder_causal_attention)
             x = self.token_embedder(decoder_input_tokens)
-            _, kvs = self.decoder.run_layers(
-                x, visibility, None, None, None, None, return_kv=True
-            )
+            _, kvs = self.decoder.run_layers(x, visibility, None, None, None, None, return_kv=True)
             for i, (k, v) in enumerate(kvs):
                 layer = cache[f"layers_{i}"]
                 layer["self_key"] = _write_prefix(layer["self_key"], k)

@@ -181,7 +181,8 @@ class EncoderDecoder(nnx.Module):
           A dict pytree, every leaf batch-first: `index` [B] int32 (0), per layer `layers_{i}`:
           `self_key`/`self_value` [B, N, S, H] (zeros), and under `shared` (the per-input
           entries that beam search keeps at B rows, see `t2t.decoding`): `cross_key_valid`
-          [B, L] bool (the encoder positions that are not padding) and per layer `layers_{i}`: `cross_key`/`cross_value` [B, N, L, H].
+          [B, L] bool (the encoder positions that are not padding) and per layer
+          `layers_{i}`: `cross_key`/`cross_value` [B, N, L, H].
         """
         c = self.config
         cache = self.decoder.empty_cache(

@@ -37,14 +37,24 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
       `x` under `jax.lax.with_sharding_constraint`, or `x` itself outside a mesh and rules
       context.
     """
+    assert len(names) == x.ndim, (names, x.shape)
+    spec = current_spec(names, x.shape)
+    if spec is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def current_spec(names: Sequence[str | None], shape: Sequence[int]) -> PartitionSpec | None:
+    """The `PartitionSpec` logical axis `names` of an array of `shape` map to under the current
+    rules and mesh (None outside such a context). A dimension its mesh axis does not divide
+    stays replicated."""
     rules = spmd.get_logical_axis_rules()
     mesh = jax.sharding.get_abstract_mesh()
     if not rules or mesh.empty:
-        return x
-    assert len(names) == x.ndim, (names, x.shape)
+        return None
     table = dict(rules)
     spec = []
-    for name, size in zip(names, x.shape):
+    for name, size in zip(names, shape):
         if name is not None and name not in table:
             raise ValueError(
                 f"Activation axis {name!r} is not in the rules table; known names are "
@@ -54,4 +64,4 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
         if target is not None and (target not in mesh.shape or size % mesh.shape[target]):
             target = None
         spec.append(target)
-    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+    return PartitionSpec(*spec)

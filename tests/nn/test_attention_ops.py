@@ -77,10 +77,10 @@ def batch(architecture, packed, rows=3, inputs=12, targets=8, seed=0):
 
 
 def additive_bias_attention(
-    q, k, v, bias, visibility, *, implementation="auto", dropout_rate=0.0, rngs=None
+    q, k, v, bias, visibility, *, implementation="auto", dropout_rate=0.0, rngs=None, **_
 ):
     """The arithmetic of t2t before this op: the mask as a -1e10 float32 bias, added to the
-    position bias over the whole batch ([B, N, L, S]), then added to the logits."""
+    position bias over the whole batch ([B, N, L, S]), then added to float32 logits."""
     del implementation
     logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=jnp.float32)
     full = jnp.zeros((q.shape[0], q.shape[2], q.shape[1], k.shape[2]), jnp.float32)
@@ -232,9 +232,9 @@ def test_auto_picks_cudnn_only_for_the_encoder_on_gpus_in_bfloat16():
     assert set(attention_ops.describe(cfg.replace(dtype="float32"), "gpu").values()) == {"xla"}
     with_dropout = cfg.replace(dropout_rate=0.1)
     assert set(attention_ops.describe(with_dropout, "gpu").values()) == {"xla"}
-    assert attention_ops.describe(with_dropout, "gpu", training=False)["encoder self-attention"] == (
-        "cudnn"
-    )
+    assert attention_ops.describe(with_dropout, "gpu", training=False)[
+        "encoder self-attention"
+    ] == ("cudnn")
 
 
 def test_an_explicit_cudnn_that_cannot_run_says_why_and_what_to_do():
@@ -246,16 +246,22 @@ def test_an_explicit_cudnn_that_cannot_run_says_why_and_what_to_do():
     with pytest.raises(ValueError, match="no dropout.*dropout_rate=0"):
         attention_ops.choose("cudnn", platform="gpu", dtype="bfloat16", dropout=True, **common)
     with pytest.raises(ValueError, match="d_kv a multiple of 8"):
-        attention_ops.choose("cudnn", platform="gpu", dtype="bfloat16", **{**common, "head_dim": 12})
+        attention_ops.choose(
+            "cudnn", platform="gpu", dtype="bfloat16", **{**common, "head_dim": 12}
+        )
     # A decoding step's per-row bias stays on XLA even when cuDNN was asked for.
     assert (
-        attention_ops.choose(
-            "cudnn", platform="gpu", dtype="bfloat16", per_row_bias=True, **common
-        )
+        attention_ops.choose("cudnn", platform="gpu", dtype="bfloat16", per_row_bias=True, **common)
         == "xla"
     )
     with pytest.raises(ValueError, match="attention_impl must be one of"):
+        attention_ops.choose("fast", platform="gpu", dtype="bfloat16", **common)
+    # Pallas flash attention: TPUs only; sites it cannot tile (114 targets) stay on XLA.
+    with pytest.raises(ValueError, match="runs on TPUs"):
         attention_ops.choose("flash", platform="gpu", dtype="bfloat16", **common)
+    flash = dict(platform="tpu", dtype="bfloat16", **common)
+    assert attention_ops.choose("flash", lengths=(512, 512), **flash) == "flash"
+    assert attention_ops.choose("flash", lengths=(114, 512), **flash) == "xla"
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         tn.get_preset("tiny", attention_impl="fast")
 
@@ -297,15 +303,57 @@ def test_cudnn_matches_xla_in_loss_and_gradients_on_a_gpu(packed):
     base = dict(dtype="bfloat16", dropout_rate=0.0, d_kv=64, d_model=128, num_heads=2)
     features = batch("encoder_decoder", packed)
     loss, grads = loss_and_grads(config(attention_impl="xla", **base), features)
-    cudnn_loss, cudnn_grads = loss_and_grads(
-        config(attention_impl="cudnn", **base), features
-    )
+    cudnn_loss, cudnn_grads = loss_and_grads(config(attention_impl="cudnn", **base), features)
     assert cudnn_loss == pytest.approx(loss, rel=2e-2)
     for (path, got), (_, want) in zip(
         jax.tree_util.tree_leaves_with_path(cudnn_grads),
         jax.tree_util.tree_leaves_with_path(grads),
     ):
         scale = float(np.max(np.abs(want))) or 1.0
+        np.testing.assert_allclose(got, want, atol=3e-2 * scale, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("mesh", [None, (2, 2)])
+def test_pallas_flash_matches_xla_in_loss_and_gradients(monkeypatch, packed, mesh):
+    """TPU flash attention, run by Pallas's TPU interpreter on the CPU: the encoder's 128-long
+    self-attention on flash (the 8-long decoder sites stay on XLA), with the position bias and
+    its gradient, padding and packing as segment ids; alone and sharded over a 2x2 mesh (one
+    kernel per device on its rows and heads, `shard_map`)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from t2t.partitioning import make_partitioner
+
+    def run(implementation):
+        cfg = config(attention_impl=implementation, dropout_rate=0.0, d_model=64, d_kv=16)
+        features = batch("encoder_decoder", packed, rows=4, inputs=128, targets=8)
+        model = models.model_for(cfg)
+        params = model.init_params(jax.random.PRNGKey(0))
+        step = jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))
+        if mesh is None:
+            (loss, _), grads = step(params, features, None)
+        else:
+            partitioner = make_partitioner(
+                *mesh, mode="tensor_parallel", devices=jax.devices()[: mesh[0] * mesh[1]]
+            )
+            with partitioner.context():
+                (loss, _), grads = step(params, features, None)
+        return float(loss), nnx.to_pure_dict(grads)
+
+    loss, grads = run("xla")
+    monkeypatch.setattr(attention_ops, "current_platform", lambda: "tpu")
+    seen = []
+    flash = attention_ops._flash
+    monkeypatch.setattr(attention_ops, "_flash", lambda *a: seen.append(1) or flash(*a))
+    with pltpu.force_tpu_interpret_mode():
+        flash_loss, flash_grads = run("flash")
+    assert seen  # the encoder did run on flash
+    assert flash_loss == pytest.approx(loss, rel=1e-5)
+    for (path, got), (_, want) in zip(
+        jax.tree_util.tree_leaves_with_path(flash_grads),
+        jax.tree_util.tree_leaves_with_path(grads),
+    ):
+        scale = float(np.max(np.abs(want))) or 1.0
         np.testing.assert_allclose(
-            got, want, atol=3e-2 * scale, err_msg=jax.tree_util.keystr(path)
+            got, want, rtol=1e-4, atol=1e-4 * scale, err_msg=jax.tree_util.keystr(path)
         )

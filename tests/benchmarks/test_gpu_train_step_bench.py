@@ -1,0 +1,29 @@
+"""The GPU benchmark's t2t side at micro scale on the CPU: it builds the step from the parts of
+t2t a bare GPU machine can import, times it, and puts the cost model's prediction beside the
+measured step."""
+
+import importlib.util
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+spec = importlib.util.spec_from_file_location(
+    "gpu_train_step_bench", os.path.join(REPO, "benchmarks", "gpu_train_step_bench.py")
+)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_the_t2t_side_times_the_step_and_predicts_it():
+    job = {"kind": "t2t", "preset": "tiny", "batch": 2, "predict": True, "smoke": True}
+    result = bench._summarize(bench.run_t2t(job, steps_timed=2, warmup=1, smoke=True))
+    assert len(result["step_seconds"]) == 2 and result["median_seconds"] > 0
+    assert result["tokens_per_second"] == pytest.approx(2 * (32 + 8) / result["median_seconds"])
+    assert set(result["attention"].values()) == {"xla"}  # the CPU runs XLA attention
+    prediction = result["prediction"]["measured"]
+    assert prediction["step_seconds"] > 0 and prediction["matmul_flops"] > 0
+    assert prediction["error_vs_measured"] == pytest.approx(
+        prediction["step_seconds"] / result["median_seconds"] - 1
+    )
+    assert result["measured_rates"]["bytes_per_second"] > 0
