@@ -19,6 +19,8 @@ Variants:
     git worktree add /tmp/t2t-before 3b5ee95
     python benchmarks/tpu_attention_compile.py --before_tree /tmp/t2t-before
     python benchmarks/tpu_attention_compile.py --markdown   # the table from the results
+    python benchmarks/tpu_attention_compile.py --variants xla,flash --inputs 2048 --targets 512 \
+      --batch 256 --out benchmarks/results/tpu_attention_compile_2048.json  # long sequences
 
 Results: benchmarks/results/tpu_attention_compile.json.
 """
@@ -36,7 +38,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_OUT = os.path.join(HERE, "results", "tpu_attention_compile.json")
-LENGTHS = {"inputs": 512, "targets": 114}
 VARIANTS = {
     "before": {},
     "xla": {"attention_impl": "xla"},
@@ -64,7 +65,9 @@ def dump(args) -> int:
     model = models.model_for(config)
     tx = optim.adafactor(optim.inverse_sqrt())
     partitioner = make_partitioner(target.num_devices, 1, mode="fsdp", devices=target.devices)
-    shapes = programs.batch_shapes(model, LENGTHS, args.batch)
+    shapes = programs.batch_shapes(
+        model, {"inputs": args.inputs, "targets": args.targets}, args.batch
+    )
     start = time.perf_counter()
     compiled = programs.compile_train_step(model, tx, partitioner, shapes, progress=False)
     memory = aot.analysis.Memory.of(compiled.compiled)
@@ -135,6 +138,8 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="t5_1_1_base")
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--topology", default="v5e:4x4")
+    parser.add_argument("--inputs", type=int, default=512, help="input length")
+    parser.add_argument("--targets", type=int, default=114, help="target length")
     parser.add_argument("--hlo_dir", default="/tmp/t2t_tpu_attention_compile")
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--markdown", action="store_true", help="only print the table")
@@ -165,6 +170,8 @@ def main(argv=None) -> int:
             f"--preset={args.preset}",
             f"--batch={args.batch}",
             f"--topology={args.topology}",
+            f"--inputs={args.inputs}",
+            f"--targets={args.targets}",
             f"--hlo_dir={args.hlo_dir}",
         ]
         env = dict(os.environ, PYTHONPATH=tree)
@@ -178,7 +185,7 @@ def main(argv=None) -> int:
         "run": {
             "preset": args.preset,
             "batch": args.batch,
-            "lengths": LENGTHS,
+            "lengths": {"inputs": args.inputs, "targets": args.targets},
             "topology": args.topology,
             "settings": "bfloat16 compute, float32 parameters, FSDP, scanned layers, full remat",
         },

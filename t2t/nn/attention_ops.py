@@ -18,10 +18,13 @@ each implementation combines them the way its kernel wants.
   for query and key lengths that are multiples of 128 (the decoder's 114 targets are not: those
   sites stay on XLA). Its bias operand is [B, N, L, S] per device, so the position bias is
   broadcast over the rows inside each device's shard; padding and packing become segment ids.
-- `auto`: per call site, from the platform the program is compiled for: `cudnn` on GPUs for
-  the encoder's self-attention (bias, not causal: measured 2.1x faster forward + backward on an
-  H100 at T5.1.1-base's shapes), `xla` elsewhere (the 114-token causal decoder was measured
-  slower on cuDNN; cross-attention is unmeasured). `describe` says what `auto` picks.
+- `auto`: per call site, from the platform the program is compiled for. TPUs: `flash` where
+  the keys are 1024 or more long and its blocks tile the lengths, `xla` elsewhere (compiled for
+  v5e, flash's estimated step is slower at 512 tokens and faster from 1024 on). GPUs: `cudnn`
+  for the encoder's self-attention (bias, not causal; issue 32 measured it 2.1x faster forward
+  + backward than XLA on an H100 at T5.1.1-base's shapes), `xla` elsewhere (the 114-token
+  causal decoder was measured slower on cuDNN; cross-attention is unmeasured). CPUs: `xla`.
+  `describe` says what `auto` picks.
 
 NOTE: T5 does not scale the logits by 1/sqrt(H) (the factor is in the query initializer), so
 every implementation is called with scale 1.
@@ -46,6 +49,11 @@ _CUDNN_DTYPES = ("bfloat16", "float16")
 _CUDNN_MAX_HEAD_DIM = 128
 # Pallas flash attention on TPUs tiles queries and keys in blocks of 128.
 _FLASH_BLOCK = 128
+# `auto` runs flash attention on TPUs from this key length on. T5.1.1-base's step compiled for
+# v5e:4x4, the same tokens per step (`benchmarks/tpu_attention_compile.py`), estimated step and
+# HBM per chip, XLA vs flash: 512 input tokens 498 vs 523 ms, 6.0 vs 7.3 GiB; 1024 tokens 357 vs
+# 313 ms, 3.9 vs 4.7 GiB; 2048 tokens 628 vs 419 ms, 8.3 vs 6.6 GiB.
+FLASH_AUTO_MIN_LENGTH = 1024
 
 
 def current_platform() -> str:
@@ -160,8 +168,27 @@ def choose(
             "or 'xla'."
         )
     if requested == "auto":
+        if platform == "tpu":
+            return (
+                "flash" if _flash_pays(lengths, dropout, per_row_bias, prefix_or_dense) else "xla"
+            )
         return "cudnn" if reason is None and has_bias and not causal else "xla"
     return requested
+
+
+def _flash_pays(lengths, dropout, per_row_bias, prefix_or_dense) -> bool:
+    """Whether `auto` runs Pallas flash attention on a TPU: where it can, for keys at least
+    `FLASH_AUTO_MIN_LENGTH` long (measured by compiling, `benchmarks/tpu_attention_compile.py`)."""
+    if lengths is None or lengths[1] < FLASH_AUTO_MIN_LENGTH:
+        return False
+    reason = flash_unsupported(
+        platform="tpu",
+        lengths=lengths,
+        dropout=dropout,
+        per_row_bias=per_row_bias,
+        prefix_or_dense=prefix_or_dense,
+    )
+    return reason is None
 
 
 def describe(

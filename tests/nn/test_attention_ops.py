@@ -227,6 +227,13 @@ def test_auto_picks_cudnn_only_for_the_encoder_on_gpus_in_bfloat16():
         "cross-attention": "xla",
     }
     assert set(attention_ops.describe(cfg, "tpu").values()) == {"xla"}
+    # On TPUs, flash attention from long keys on (and only where its blocks tile the lengths).
+    assert set(attention_ops.describe(cfg, "tpu", lengths=(512, 114)).values()) == {"xla"}
+    assert attention_ops.describe(cfg, "tpu", lengths=(2048, 512)) == {
+        "encoder self-attention": "flash",
+        "decoder self-attention": "xla",
+        "cross-attention": "flash",
+    }
     assert set(attention_ops.describe(cfg, "cpu").values()) == {"xla"}
     # float32 compute, or dropout while training: cuDNN cannot, auto says XLA.
     assert set(attention_ops.describe(cfg.replace(dtype="float32"), "gpu").values()) == {"xla"}
