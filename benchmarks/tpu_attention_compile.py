@@ -143,6 +143,12 @@ def main(argv=None) -> int:
     parser.add_argument("--hlo_dir", default="/tmp/t2t_tpu_attention_compile")
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--markdown", action="store_true", help="only print the table")
+    parser.add_argument(
+        "--analyze_only",
+        action="store_true",
+        help="read the programs saved in --hlo_dir again (no compiles), e.g. after changing the "
+        "cost model",
+    )
     parser.add_argument("--dump", help=argparse.SUPPRESS)
     parser.add_argument("--tree", default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -154,7 +160,7 @@ def main(argv=None) -> int:
         return 0
     os.makedirs(args.hlo_dir, exist_ok=True)
     variants = [v for v in args.variants.split(",") if v]
-    for variant in variants:
+    for variant in [] if args.analyze_only else variants:
         tree = REPO
         if variant == "before":
             if not args.before_tree:
@@ -180,7 +186,8 @@ def main(argv=None) -> int:
             print(f"{variant} failed:\n{done.stderr[-3000:]}", flush=True)
             return 1
     results = {
-        "command": "python benchmarks/tpu_attention_compile.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python benchmarks/tpu_attention_compile.py "
+        + " ".join(a for a in (argv or sys.argv[1:]) if a != "--analyze_only"),
         "machine": "libtpu's compiler on a 2-core CPU machine (nothing ran on a TPU)",
         "run": {
             "preset": args.preset,

@@ -118,6 +118,8 @@ def test_compile_reports_a_run_that_fits(run_gin, tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "verdict: fits" in printed and "collectives:" in printed
+    assert "compute float32, parameters float32" in printed
+    assert "attention (auto on cpu): encoder self-attention xla" in printed
     report = json.loads(out.read_text())
     assert report["fits"] is True
     assert report["run"]["mesh"] == {"data": 2, "model": 4}
@@ -199,3 +201,16 @@ def test_tiny_model_compiles_for_a_tpu_topology():
     assert estimate["step_seconds"] >= estimate["matmul_seconds"] > 0
     assert estimate["hbm_bytes"] > 0 and 0 < estimate["mfu"] < 1
     assert set(report.run["attention"].values()) == {"xla"}
+
+
+def test_the_compile_flag_offers_every_attention_implementation():
+    import argparse
+
+    from t2t.cli import run_commands
+    from t2t.nn.config import ATTENTION_IMPLS
+
+    parser = argparse.ArgumentParser()
+    run_commands.add_compile(parser.add_subparsers())
+    compile_parser = parser._subparsers._group_actions[0].choices["compile"]
+    flag = next(a for a in compile_parser._actions if a.dest == "attention_impl")
+    assert tuple(flag.choices) == ATTENTION_IMPLS

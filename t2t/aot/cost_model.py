@@ -89,8 +89,8 @@ _MATMUL_TARGET = re.compile(
 _COLLECTIVE_TARGET = re.compile(r"Collective", re.I)
 # Custom calls that cost nothing worth modeling.
 _TRIVIAL_TARGET = re.compile(
-    r"AssumeGatherIndicesInBound|Sharding|SPMDFullToShardShape|"
-    r"SPMDShardToFullShape|MoveToHost|MoveToDevice|annotate",
+    r"AssumeGatherIndicesInBound|Sharding|SPMDFullToShardShape|SPMDShardToFullShape|"
+    r"MoveToHost|MoveToDevice|annotate|AllocateBuffer|ConcatBitcast",
     re.I,
 )
 _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
@@ -189,7 +189,7 @@ def _fusion_bytes(module: hlo.Module, fusion: hlo.Instruction, outer: hlo.Comput
         if users and all(
             u.opcode in _SLICING and u.operands[0] in _view_names(fused, param.name) for u in users
         ):
-            total += sum(hlo.device_memory_bytes(u.shape) or _array_bytes(u.shape) for u in users)
+            total += sum(_array_bytes(u.shape) for u in users)  # the slices read
         elif users and all(
             u.opcode == "dynamic-update-slice" and u.operands[0] in _view_names(fused, param.name)
             for u in users
@@ -366,7 +366,7 @@ def _source(op_name: str) -> str:
         for p in parts
         if p not in ("transpose(jvp())", "body", "checkpoint", "rematted_computation")
     ]
-    return "/".join(parts[-3:]) or "(no metadata)"
+    return "/".join(parts[-3:]) or "(copies and prefetches, no JAX source)"
 
 
 def estimate(
@@ -405,11 +405,11 @@ def estimate(
         entry[1] += kernel.runs
     largest = sorted(by_source.items(), key=lambda item: -item[1][0])[:top]
     if other > matmul_part:
-        bound = "memory"
+        bound = "other kernels' memory traffic"
     elif compute >= matmul_memory:
-        bound = "compute"
+        bound = "matmul compute"
     else:
-        bound = "memory (matmul operands)"
+        bound = "matmul kernels' memory traffic"
     return {
         "step_seconds": step,
         "matmul_seconds": compute,

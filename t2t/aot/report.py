@@ -385,8 +385,7 @@ def format_report(report: Report) -> str:
         f"data={run['mesh']['data']} model={run['mesh']['model']} {run['sharding_mode']}, "
         f"microbatches {run['num_microbatches']}, remat {run['remat_policy']}, "
         f"scan {run['scan_layers']}",
-        "attention ("
-        + f"{model['attention_impl']} on {t['platform']}): "
+        f"attention ({model['attention_impl']} on {t['platform']}): "
         + ", ".join(f"{site} {impl}" for site, impl in run["attention"].items()),
     ]
     lines += _format_program("train step", train)
@@ -410,7 +409,7 @@ def format_cost_model(estimate: Mapping[str, Any], *, largest: int = 4) -> list[
     ms = 1e3
     lines = [
         f"  estimated step: {estimate['step_seconds'] * ms:.1f} ms at the chip's "
-        f"{estimate['rates']['source']} rates, {estimate['bound']}-bound (matmuls "
+        f"{estimate['rates']['source']} rates, bound by {estimate['bound']} (matmuls "
         f"{estimate['matmul_seconds'] * ms:.1f} ms, their operands "
         f"{estimate['matmul_memory_seconds'] * ms:.1f} ms; other kernels "
         f"{estimate['other_seconds'] * ms:.1f} ms), MFU ~ {estimate['mfu']:.1%}",

@@ -51,8 +51,8 @@ _CUDNN_MAX_HEAD_DIM = 128
 _FLASH_BLOCK = 128
 # `auto` runs flash attention on TPUs from this key length on. T5.1.1-base's step compiled for
 # v5e:4x4, the same tokens per step (`benchmarks/tpu_attention_compile.py`), estimated step and
-# HBM per chip, XLA vs flash: 512 input tokens 498 vs 523 ms, 6.0 vs 7.3 GiB; 1024 tokens 357 vs
-# 313 ms, 3.9 vs 4.7 GiB; 2048 tokens 628 vs 419 ms, 8.3 vs 6.6 GiB.
+# HBM per chip, XLA vs flash: 512 input tokens 496 vs 521 ms, 6.0 vs 7.3 GiB; 1024 tokens 356 vs
+# 312 ms, 3.9 vs 4.7 GiB; 2048 tokens 627 vs 418 ms, 8.3 vs 6.6 GiB.
 FLASH_AUTO_MIN_LENGTH = 1024
 
 
@@ -232,6 +232,14 @@ def describe(
         )
         for site, (causal, has_bias, site_lengths) in sites.items()
     }
+
+
+def summary(config, platform: str, *, lengths: tuple[int, int] | None = None) -> str:
+    """One line for a run's log: "attention (auto on gpu): encoder self-attention cudnn, ..."."""
+    sites = describe(config, platform, lengths=lengths)
+    return f"attention ({config.attention_impl} on {platform}): " + ", ".join(
+        f"{site} {impl}" for site, impl in sites.items()
+    )
 
 
 def attention(

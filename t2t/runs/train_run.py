@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gin
+import jax
 import optax
 
 from t2t import models
@@ -138,6 +139,8 @@ def _train(run: types.SimpleNamespace) -> dict[str, Any]:
     config = resolve_model_config(run.model_config, run.init_checkpoint)
     model = run.model_fn(config)
     partitioner = partitioning.make_partitioner(*run.mesh_shape, mode=run.sharding_mode)
+    if jax.process_index() == 0:
+        print(_network_line(config, partitioner, run.task_feature_lengths), flush=True)
     train_config, eval_configs = _data_configs(run, config, model, partitioner)
     train_data = pipeline.InputPipeline(train_config)
     metadata = _run_metadata(run, train_data)
@@ -160,6 +163,17 @@ def _train(run: types.SimpleNamespace) -> dict[str, Any]:
         trainer.close()
     write_run_files(run.model_dir, config)  # now with everything the run used
     return {**summary, "predictions": shown}
+
+
+def _network_line(config: TransformerConfig, partitioner, lengths) -> str:
+    """What the step computes in and how attention runs on these devices, for the log."""
+    from t2t.nn import attention_ops
+
+    platform = partitioner.mesh.devices.flat[0].platform
+    inputs, targets = lengths.get("inputs", 0), lengths.get("targets", 0)
+    return f"compute {config.dtype}, parameters {config.param_dtype}; " + attention_ops.summary(
+        config, platform, lengths=(inputs, targets)
+    )
 
 
 def _data_configs(run, config: TransformerConfig, model, partitioner):
@@ -374,7 +388,6 @@ def write_run_files(
 ) -> None:
     """Writes `config.gin` (the operative gin config), `model_config.json` and a copy of the
     SentencePiece model, `spiece.model`, so the directory is self-contained (process 0)."""
-    import jax
     import tensorflow as tf
 
     from t2t.checkpoints import model_dir as model_dir_lib

@@ -128,15 +128,15 @@ def test_the_estimate_adds_other_kernels_to_the_matmuls_or_their_traffic():
     # Compute-bound matmuls: 1e10 FLOPs take 10 ms, more than their operands' 3.5 ms.
     slow = cost_model.estimate(PROGRAM, 1e10, rates)
     assert slow["step_seconds"] == pytest.approx(1e10 / 1e12 + other_bytes / 1e9)
-    assert slow["bound"] == "compute"
+    assert slow["bound"] == "matmul compute"
     # Few FLOPs: the matmul kernels take as long as their traffic, and the rest is added.
     fast = cost_model.estimate(PROGRAM, 1e6, rates)
     assert fast["step_seconds"] == pytest.approx((matmul_bytes + other_bytes) / 1e9)
-    assert fast["bound"] == "memory (matmul operands)"
+    assert fast["bound"] == "matmul kernels' memory traffic"
     assert [op["source"] for op in fast["largest_memory_bound"]] == [
         "while/dynamic_update_slice",
         "exp",
-        "(no metadata)",
+        "(copies and prefetches, no JAX source)",
     ]
 
 
