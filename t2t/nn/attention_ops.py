@@ -296,30 +296,43 @@ def attention(
 def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype) -> jax.Array:
     # [B, N, L, S] in `logits_dtype` (the compute dtype by default, as T5X), softmax in float32.
     logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=logits_dtype)
-    logits = logits.astype(jnp.float32)
-    if bias is not None:
-        logits = logits + bias.astype(jnp.float32)  # [1 or B, N, L, S] broadcast in the kernel
-    mask = visibility.mask(q.shape[1], k.shape[2])  # [B or 1, 1, L, S] bool, fused
-    if mask is not None:
-        # NOTE: added, not selected with `jnp.where`: an add needs nothing of the mask in the
-        # backward pass, whereas a select keeps its predicate broadcast to [B, N, L, S], which
-        # JAX hoists out of a scanned stack as one such array per layer loop.
-        logits = logits + jnp.where(mask, 0.0, MASKED_LOGIT).astype(jnp.float32)
-    weights = softmax(logits, v.dtype)  # [B, N, L, S] in the compute dtype
+    weights = softmax(logits, bias, visibility, v.dtype)  # [B, N, L, S] in the compute dtype
     weights = layers.dropout(weights, dropout_rate, rngs)
     return jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def softmax(logits: jax.Array, dtype) -> jax.Array:
-    """Softmax over the last axis computed in float32, returned in `dtype`.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def softmax(
+    logits: jax.Array, bias: jax.Array | None, visibility: masks.Visibility, dtype
+) -> jax.Array:
+    """`softmax(logits + bias)` over the keys each query may see, in float32, returned in `dtype`.
 
-    Its gradient is computed from the returned probabilities, which are what the attention's
-    second matmul reads anyway: the backward pass keeps nothing else of size [B, N, L, S]
-    (`jax.nn.softmax`'s would keep its float32 output or input, twice the bytes in bfloat16).
-    In float32 this is `jax.nn.softmax` with its own gradient.
+    Args:
+      logits: [B, N, L, S] (any float dtype).
+      bias: [1 or B, N, L, S] or None.
+      visibility: which keys each query may see (masked logits become -1e10).
+      dtype: the dtype of the probabilities.
+
+    Returns:
+      [B, N, L, S] probabilities in `dtype`.
+
+    NOTE: one function with its own gradient so that XLA sees the whole of it inside the
+    layer: the mask is rebuilt from its [B, L]-sized parts in the kernels that use it (as a
+    separate step, the mask's [B, 1, L, S] additive form is loop-invariant, and JAX hoists it
+    out of a scanned stack as an array every kernel then reads: 13 GB per step for T5.1.1-base
+    at batch 2048 on v5e:4x4), and the gradient is computed from the returned probabilities,
+    which the second matmul reads anyway, so the backward pass keeps nothing else of size
+    [B, N, L, S]. In float32 this is `jax.nn.softmax` of the masked, biased logits, with the
+    same gradient.
     """
     x = logits.astype(jnp.float32)
+    if bias is not None:
+        x = x + bias.astype(jnp.float32)  # [1 or B, N, L, S] broadcast in the kernel
+    mask = visibility.mask(x.shape[-2], x.shape[-1])  # [B or 1, 1, L, S] bool
+    if mask is not None:
+        # 0 where visible, -1e10 where masked; scalar arithmetic, not `jnp.where`, whose
+        # broadcast constants JAX would hoist out of a scanned stack as full-size arrays.
+        x = x + (mask.astype(jnp.float32) - 1.0) * -MASKED_LOGIT
     # NOTE: as exp(x - logsumexp(x)), so the normalizing kernel recomputes the exponential
     # from the (compute-dtype) logits; `x / sum(x)` after `exp` has XLA store the float32
     # exponentials [B, N, L, S] between its two kernels.
@@ -328,16 +341,28 @@ def softmax(logits: jax.Array, dtype) -> jax.Array:
     return jnp.exp(x - log_sum).astype(dtype)
 
 
-def _softmax_forward(logits, dtype):
-    probabilities = softmax(logits, dtype)
-    return probabilities, probabilities
+def _softmax_forward(logits, bias, visibility, dtype):
+    probabilities = softmax(logits, bias, visibility, dtype)
+    # Empty arrays that carry the logits' dtype and the bias's rows and dtype to the backward.
+    logits_like = jnp.zeros((0,), logits.dtype)
+    bias_like = None if bias is None else jnp.zeros((bias.shape[0], 0), bias.dtype)
+    return probabilities, (probabilities, logits_like, bias_like)
 
 
-def _softmax_backward(dtype, probabilities, grad):
+def _softmax_backward(dtype, residuals, grad):
     del dtype
+    probabilities, logits_like, bias_like = residuals
     p = probabilities.astype(jnp.float32)
     g = grad.astype(jnp.float32)
-    return (p * (g - jnp.sum(p * g, axis=-1, keepdims=True)),)
+    dx = p * (g - jnp.sum(p * g, axis=-1, keepdims=True))  # [B, N, L, S] float32
+    dbias = None
+    if bias_like is not None:  # the bias's gradient: summed over the batch it broadcast to
+        if bias_like.shape[0] == 1 and dx.shape[0] != 1:
+            dbias = jnp.sum(dx, axis=0, keepdims=True)  # [1, N, L, S]
+        else:
+            dbias = dx
+        dbias = dbias.astype(bias_like.dtype)
+    return dx.astype(logits_like.dtype), dbias, None
 
 
 softmax.defvjp(_softmax_forward, _softmax_backward)

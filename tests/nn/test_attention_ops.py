@@ -193,8 +193,9 @@ def _scan_boundary_shapes(jaxpr) -> list[tuple[int, ...]]:
 @pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only"])
 def test_no_batch_sized_bias_crosses_the_layers_of_the_training_program(architecture):
     """With scanned layers and full remat, the layers' loop (forward, recomputed forward and
-    backward) receives and returns only what each layer needs: the bias [1, N, L, S], boolean
-    mask parts of [B, L], no [B, N, L, S] array and no accumulated bias gradient of that size."""
+    backward) receives and returns only what each layer needs: the bias [1, N, L, S] and the
+    mask's [B, L] parts; no [B, N, L, S] array, no accumulated bias gradient of that size and no
+    [B, 1, L, S] mask (dropout on, so its bits' indices are checked too)."""
     from t2t import optim
     from t2t.trainer import steps
 
@@ -211,9 +212,8 @@ def test_no_batch_sized_bias_crosses_the_layers_of_the_training_program(architec
     shapes = _scan_boundary_shapes(jaxpr.jaxpr)
     lengths = {targets: targets} if architecture == "decoder_only" else {inputs: inputs}
     lengths[targets] = targets
-    batch_sized = [
-        s for s in shapes if len(s) == 4 and s[0] == rows and s[1] == HEADS and s[2] in lengths
-    ]
+    # Neither [B, N, L, S] biases nor [B, 1, L, S] masks: the masks arrive as their [B, L] parts.
+    batch_sized = [s for s in shapes if len(s) == 4 and s[0] == rows and s[2] in lengths]
     assert not batch_sized, batch_sized
     position_bias = [s for s in shapes if len(s) == 4 and s[0] == 1 and s[1] == HEADS]
     assert position_bias, shapes  # the layers do receive the [1, N, L, S] bias
