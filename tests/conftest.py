@@ -60,6 +60,7 @@ _SLOW_FILES = {
     "tests/finetuning/test_runs.py": 200,
     "tests/nn/test_stacking.py": 198,
     "tests/test_reliability.py": 165,
+    "tests/nn/test_attention_ops.py": 150,
     "tests/finetuning/test_chain.py": 144,
     "tests/test_sharding.py": 99,
     "tests/test_trainer.py": 93,

@@ -161,8 +161,9 @@ def choose(
         )
         if flash_reason is None:
             return "flash"
-        if per_row_bias or prefix_or_dense or (lengths is not None and platform == "tpu"):
-            return "xla"  # sites flash cannot take (decoding, prefix LMs, short targets)
+        untileable = lengths is not None and any(n % _FLASH_BLOCK for n in lengths)
+        if platform == "tpu" and not dropout and (per_row_bias or prefix_or_dense or untileable):
+            return "xla"  # sites flash cannot take: decoding steps, prefix LMs, 114 targets
         raise ValueError(
             f"attention_impl='flash' cannot run here: {flash_reason}. Use attention_impl='auto' "
             "or 'xla'."
@@ -263,7 +264,7 @@ def attention(
       bias: [1, N, L, S] (a relative position bias, never broadcast over the batch), [R, N, 1, S]
         in a decoding step (one position per row), or None (cross-attention).
       visibility: which keys each query may see.
-      implementation: "auto", "xla" or "cudnn" (`choose`).
+      implementation: "auto", "xla", "cudnn" or "flash" (`choose`).
       dropout_rate: dropout on the attention weights when `rngs` is given.
       rngs: `nnx.Rngs` with a dropout stream, or None (deterministic).
       float32_logits: XLA stores the logits [B, N, L, S] in float32 instead of the compute
@@ -281,7 +282,8 @@ def attention(
         causal=visibility.causal,
         has_bias=bias is not None,
         dropout=dropout,
-        per_row_bias=bias is not None and bias.shape[0] > 1,
+        # A decoding step: each row's query at its own position (a dense window, a bias per row).
+        per_row_bias=visibility.dense is not None or (bias is not None and bias.shape[0] > 1),
         lengths=(q.shape[1], k.shape[2]),
         prefix_or_dense=visibility.prefix is not None or visibility.dense is not None,
     )

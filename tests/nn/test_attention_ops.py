@@ -269,6 +269,8 @@ def test_an_explicit_cudnn_that_cannot_run_says_why_and_what_to_do():
     flash = dict(platform="tpu", dtype="bfloat16", **common)
     assert attention_ops.choose("flash", lengths=(512, 512), **flash) == "flash"
     assert attention_ops.choose("flash", lengths=(114, 512), **flash) == "xla"
+    with pytest.raises(ValueError, match="no dropout"):
+        attention_ops.choose("flash", lengths=(512, 512), dropout=True, **flash)
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         tn.get_preset("tiny", attention_impl="fast")
 
@@ -320,8 +322,7 @@ def test_cudnn_matches_xla_in_loss_and_gradients_on_a_gpu(packed):
         np.testing.assert_allclose(got, want, atol=3e-2 * scale, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("mesh", [None, (2, 2)])
+@pytest.mark.parametrize("packed, mesh", [(False, None), (True, None), (True, (2, 2))])
 def test_pallas_flash_matches_xla_in_loss_and_gradients(monkeypatch, packed, mesh):
     """TPU flash attention, run by Pallas's TPU interpreter on the CPU: the encoder's 128-long
     self-attention on flash (the 8-long decoder sites stay on XLA), with the position bias and
