@@ -145,6 +145,31 @@ def test_a_flipped_bit_is_found_and_skipped_by_check_infer_and_resume(runs, tmp_
     _assert_same_run(run, runs / "straight")
 
 
+def test_a_directory_whose_checkpoints_are_all_damaged_never_starts_over_silently(
+    runs, tmp_path, capsys
+):
+    """Issue 33: the first run set every damaged checkpoint aside and exited 2, and a retry (a
+    wrapper, a preempted job's restart) then trained from step 0 without a word. Now every
+    retry is refused the same way until --start_over asks for step 0, which then trains the
+    straight run's steps exactly."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "six", run)
+    for step in (3, 6):
+        _flip_a_bit(run / "checkpoints" / str(step))
+    capsys.readouterr()
+    for attempt in range(2):  # the first run, then a retry of the same command
+        assert cli.main(_argv(run, 9)) == 2
+        err = capsys.readouterr().err
+        assert "--start_over" in err and "Traceback" not in err, err
+        assert "step 0" in err
+        assert model_dir_lib.ModelDir(run).steps() == []  # nothing trained, nothing saved
+    assert sorted(os.listdir(run / "damaged_checkpoints")) == ["3", "6"]
+    assert cli.main([*_argv(run, 9), "--start_over"]) == 0
+    assert model_dir_lib.ModelDir(run).steps()[-1] == 9
+    for x, y in zip(_params(run), _params(runs / "straight"), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(
     runs, tmp_path, capsys, monkeypatch
 ):

@@ -17,6 +17,12 @@ def add_train(subparsers) -> None:
         "--gin.TRAIN_STEPS=100. --gin.NAME=VALUE binds any gin parameter or macro after the "
         "files; restarting with the same MODEL_DIR resumes from its latest checkpoint.",
     )
+    parser.add_argument(
+        "--start_over",
+        action="store_true",
+        help="train from step 0 although MODEL_DIR's checkpoints are all damaged (without it "
+        "such a directory is refused, so a retry never starts over silently)",
+    )
     add_gin_flags(parser)
 
     def handler(args) -> None:
@@ -28,7 +34,7 @@ def add_train(subparsers) -> None:
                 "--gin_file=gin/experiments/tiny_builtin_demo.gin"
             )
         configure(args)
-        summary = runs.train()
+        summary = runs.train(**({"start_over": True} if args.start_over else {}))
         first, last = summary["first_loss"], summary["last_loss"]
         if first is not None:
             print(

@@ -57,6 +57,7 @@ def train(
     num_predictions: int = 0,
     async_checkpoints: bool = True,
     progress: bool = True,
+    start_over: bool = False,
 ) -> dict[str, Any]:
     """Trains a model and keeps its checkpoints, summaries and config in `model_dir`.
 
@@ -102,6 +103,8 @@ def train(
       num_predictions: decode and print this many validation examples at the end.
       async_checkpoints: write checkpoints in the background.
       progress: show a progress bar.
+      start_over: train from step 0 in a model directory whose checkpoints are all damaged
+        (`t2t train --start_over`); without it such a directory is refused (exit 2).
 
     Returns:
       The trainer's summary (steps, first and last loss, compile time, eval results) and the
@@ -251,6 +254,7 @@ def _make_trainer(run, model, partitioner, train_data, eval_configs, metadata):
         reduce_on_plateau=run.reduce_on_plateau,
         async_checkpoints=run.async_checkpoints,
         progress=run.progress,
+        start_over=run.start_over,
     )
 
 

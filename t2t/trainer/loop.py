@@ -47,7 +47,13 @@ import optax
 from flax import nnx
 
 from t2t import nn as t2t_nn
-from t2t.checkpoints.manager import BestMetric, CheckpointManager, CorruptCheckpointError
+from t2t.checkpoints.manager import (
+    DAMAGED_SUBDIR,
+    BestMetric,
+    CheckpointManager,
+    CorruptCheckpointError,
+)
+from t2t.errors import UserError
 from t2t.finetuning import FineTuning, depths_of_config
 from t2t.partitioning import Partitioner
 from t2t.trainer import init, monitors, reporting, steps
@@ -66,6 +72,13 @@ class Preempted(Exception):
             f"stopped by {signal_name} at step {step}; its checkpoint is saved in {directory}. "
             "Run the same command again to resume from it."
         )
+
+
+# How to train from step 0 on purpose in a directory whose checkpoints are all damaged.
+_START_OVER_HINT = (
+    "To train from step 0 on purpose, rerun with --start_over (t2t train) or bind "
+    "t2t.runs.train.start_over = True; to keep {0} as it is, give MODEL_DIR a new directory."
+)
 
 
 class NonFiniteError(FloatingPointError):
@@ -123,6 +136,7 @@ class Trainer:
         reduce_on_plateau: monitors.ReduceOnPlateau | None = None,
         async_checkpoints: bool = True,
         progress: bool = True,
+        start_over: bool = False,
     ):
         """
         Args:
@@ -156,6 +170,9 @@ class Trainer:
             (`monitors.ReduceOnPlateau`).
           async_checkpoints: write checkpoints in the background.
           progress: show the console progress bar.
+          start_over: train from step 0 although `model_dir` once held checkpoints that are
+            all damaged (set aside in `damaged_checkpoints/`); without it such a directory is
+            refused, so a retry never starts over silently.
         """
         for name, value in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
             if not isinstance(value, int) or value < 1:
@@ -215,7 +232,7 @@ class Trainer:
         self._stop_signal: int | None = None  # SIGTERM or SIGINT received
         self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
         self._window_start = time.perf_counter()
-        self.init_description = self._initialize(init_checkpoint)
+        self.init_description = self._initialize(init_checkpoint, start_over)
         self._writers = {
             name: (
                 reporting.ScalarWriter(os.path.join(self.model_dir, name))
@@ -230,18 +247,30 @@ class Trainer:
 
     # -- state -----------------------------------------------------------------------------------
 
-    def _initialize(self, init_checkpoint: str | None) -> dict[str, Any]:
-        """Restores the latest checkpoint of the model directory, or makes the first state."""
+    def _initialize(self, init_checkpoint: str | None, start_over: bool) -> dict[str, Any]:
+        """Restores the latest checkpoint of the model directory, or makes the first state.
+
+        Raises:
+          UserError: every checkpoint the directory holds, or held, is damaged (and
+            `start_over` does not ask to train from step 0 regardless).
+        """
         self.tokens_seen = self.examples_seen = 0
         latest = self.manager.latest_step()
+        if latest is None and not start_over:
+            self._refuse_silent_restart()
         if latest is not None:
             savable = hasattr(self.train_data, "save") and hasattr(self.train_data, "restore")
-            restored = self.manager.restore(
-                abstract_params=self.abstract_params,
-                abstract_opt_state=self.abstract_opt_state,
-                data_iterator=self.train_data if savable else None,
-                on_damaged=self._set_aside,
-            )
+            try:
+                restored = self.manager.restore(
+                    abstract_params=self.abstract_params,
+                    abstract_opt_state=self.abstract_opt_state,
+                    data_iterator=self.train_data if savable else None,
+                    on_damaged=self._set_aside,
+                )
+            except CorruptCheckpointError as error:
+                if error.item != "every checkpoint":
+                    raise
+                raise UserError(f"{error} {_START_OVER_HINT.format(self.model_dir)}") from None
             self.params, self.opt_state, self.step = (
                 restored.params,
                 restored.opt_state,
@@ -280,6 +309,17 @@ class Trainer:
             description = {"kind": "random", "seed": seed}
         self.opt_state = self.partitioner.init_optimizer(self.tx, self.params)
         return description
+
+    def _refuse_silent_restart(self) -> None:
+        """Raises UserError when the directory once held checkpoints and none is intact now."""
+        damaged = os.path.join(self.model_dir, DAMAGED_SUBDIR)
+        held = sorted(os.listdir(damaged)) if os.path.isdir(damaged) else []
+        if held:
+            raise UserError(
+                f"{self.model_dir} has no intact checkpoint: the ones it held are damaged and "
+                f"were set aside in {damaged} ({', '.join(held)}). Training now would start over "
+                f"from step 0. {_START_OVER_HINT.format(self.model_dir)}"
+            )
 
     def _set_aside(self, error: CorruptCheckpointError) -> None:
         """Moves a damaged checkpoint out of the way of this run's saves (kept, not deleted)."""
