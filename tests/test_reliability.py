@@ -170,6 +170,63 @@ def test_a_directory_whose_checkpoints_are_all_damaged_never_starts_over_silentl
         np.testing.assert_array_equal(x, y)
 
 
+def test_no_command_writes_over_one_of_its_inputs(runs, tmp_path, capsys):
+    """Issue 33: `infer --output_file` equal to `--input_file` replaced the examples with the
+    predictions and exited 0. Every command that writes now refuses an output that is one of its
+    inputs, contains one, or lies in a model directory's checkpoints or run files (exit 2, the
+    input untouched)."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "six", run)
+    examples = tmp_path / "in.jsonl"
+    examples.write_text('{"inputs": "def main():"}\n')
+    config_gin = (run / "config.gin").read_text()
+    tfds = tmp_path / "data" / "tfds"
+    tfds.mkdir(parents=True)
+    refused = {
+        "infer over its input file": [
+            "infer",
+            f"--model_dir={run}",
+            f"--input_file={examples}",
+            f"--output_file={examples}",
+        ],
+        "eval over the run's config.gin": [
+            "eval",
+            f"--model_dir={run}",
+            "--tasks=builtin_package",
+            f"--output_file={run / 'config.gin'}",
+        ],
+        "average into a directory holding the run": [
+            "average",
+            f"--model_dir={run}",
+            f"--output_dir={tmp_path}",
+        ],
+        "average into the run's checkpoints": [
+            "average",
+            f"--model_dir={run}",
+            f"--output_dir={run / 'checkpoints' / 'avg'}",
+        ],
+        "export into a directory holding the run": [
+            "export",
+            f"--model_dir={run}",
+            f"--output_dir={tmp_path}",
+        ],
+        "cache over its TFDS data": [
+            "cache",
+            "--task=glue_cola",
+            f"--tfds_data_dir={tfds}",
+            f"--output_cache_dir={tmp_path / 'data'}",
+        ],
+    }
+    capsys.readouterr()
+    for case, argv in refused.items():
+        assert cli.main(argv) == 2, case
+        err = capsys.readouterr().err
+        assert "destroy what the command reads" in err and "Traceback" not in err, (case, err)
+    assert examples.read_text() == '{"inputs": "def main():"}\n'
+    assert (run / "config.gin").read_text() == config_gin
+    assert model_dir_lib.ModelDir(run).steps() == [3, 6]
+
+
 def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(
     runs, tmp_path, capsys, monkeypatch
 ):

@@ -160,6 +160,10 @@ def _cache_tasks(args, report) -> None:
             "t2t cache --task needs --output_cache_dir, the seqio cache root to "
             "write (e.g. --output_cache_dir=/data/seqio_cache)."
         )
+    runs.helpers.refuse_overwriting_inputs(
+        {"--output_cache_dir": args.output_cache_dir},
+        {"--tfds_data_dir": args.tfds_data_dir, "--cache_dir": args.cache_dir},
+    )
     if args.tfds_data_dir:
         import seqio
 

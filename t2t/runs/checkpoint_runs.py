@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import gin
 
-from t2t.runs.helpers import require
+from t2t.runs.helpers import refuse_overwriting_inputs, require
 
 
 @gin.configurable(module="t2t.runs")
@@ -23,6 +23,11 @@ def export(
     """Writes a HF-format release directory from a checkpoint (see `t2t.release.export`)."""
     from t2t import release
 
+    refuse_overwriting_inputs(
+        {"--output_dir": output_dir},
+        {"--vocabulary_file": vocabulary_file, "--eval_results": eval_results},
+        {"--model_dir": model_dir},
+    )
     path = release.export(
         require(model_dir, "--model_dir", "export.model_dir"),
         require(output_dir, "--output_dir", "export.output_dir"),
@@ -46,6 +51,7 @@ def average(
     """Averages the last N (or the given) checkpoints into a new model directory."""
     from t2t.checkpoints import averaging
 
+    refuse_overwriting_inputs({"--output_dir": output_dir}, model_dirs={"--model_dir": model_dir})
     averaged = averaging.average_checkpoints(
         require(model_dir, "--model_dir", "average.model_dir"), steps=steps, last=last
     )

@@ -66,6 +66,11 @@ def evaluate(
 
     if checkpoints is None:
         model_dir = helpers.require(model_dir, "--model_dir", "evaluate.model_dir")
+    members = helpers.task_names(checkpoints, "evaluate.checkpoints") if checkpoints else []
+    helpers.refuse_overwriting_inputs(
+        {"--output_file": output_file},
+        model_dirs={"--model_dir": model_dir, **_member_dirs(members)},
+    )
     names = helpers.task_names(tasks, "evaluate")
     choices = sum([step is not None, steps is not None, bool(all_steps)])
     if choices > 1:
@@ -76,7 +81,6 @@ def evaluate(
         else (list(steps) if steps is not None else None if step is None else [step])
     )
     helpers.import_task_modules(modules, names)
-    members = helpers.task_names(checkpoints, "evaluate.checkpoints") if checkpoints else []
     helpers.use_carried_vocabulary(model_dir, *members)
     if isinstance(rank_classification, str):
         rank_classification = helpers.task_names(
@@ -202,6 +206,11 @@ def infer(
     output_file = helpers.require(output_file, "--output_file", "infer.output_file")
     if isinstance(checkpoints, str):
         checkpoints = [c.strip() for c in checkpoints.split(",") if c.strip()]
+    helpers.refuse_overwriting_inputs(
+        {"--output_file": output_file},
+        {"--input_file": input_file, "--vocabulary_file": vocabulary_file},
+        {"--model_dir": model_dir, **_member_dirs(checkpoints)},
+    )
     if task is not None:
         helpers.import_task_modules(modules, [task])
         helpers.use_carried_vocabulary(model_dir, *checkpoints)
@@ -224,3 +233,12 @@ def infer(
     )
     print(f"wrote {count} records to {output_file}")
     return count
+
+
+def _member_dirs(members) -> dict[str, str]:
+    """The model directories an ensemble's members name (steps of the run's own are ints)."""
+    return {
+        f"--checkpoints ({member})": str(member)
+        for member in members
+        if not str(member).strip().isdigit()
+    }

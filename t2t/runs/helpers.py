@@ -1,14 +1,16 @@
 """What several run functions share: task names and their registration modules, the tokenizer a
-checkpoint carries, the network to build, the mesh, and the messages for missing arguments."""
+checkpoint carries, the network to build, the mesh, the messages for missing arguments, and the
+rule that no command writes over one of its own inputs."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from t2t.errors import UserError
 from t2t.nn.config import TransformerConfig
 from t2t.runs.externals import checkpoint_model_config
 
@@ -101,3 +103,54 @@ def use_carried_vocabulary(*directories: str | None) -> str | None:
             vocab.set_default_vocabulary(path)
             return path
     return None
+
+
+# What a model directory holds that a command reads: a command's output may go beside them
+# (`eval/results.json`), never over them.
+_MODEL_DIR_INPUTS = ("checkpoints", "config.gin", "model_config.json", "spiece.model")
+
+
+def refuse_overwriting_inputs(
+    outputs: Mapping[str, str | None],
+    inputs: Mapping[str, str | None] | None = None,
+    model_dirs: Mapping[str, str | None] | None = None,
+) -> None:
+    """Raises UserError when an output path is one of the command's inputs, contains one, or
+    lies inside a model directory's checkpoints.
+
+    Args:
+      outputs: flag -> the path the command writes (a file or a directory).
+      inputs: flag -> a file or directory the command reads.
+      model_dirs: flag -> a model directory the command reads (an ensemble member may carry
+        "@STEP"); its checkpoints and run files count as inputs.
+
+    Raises:
+      UserError: naming both flags, and asking for a path outside the inputs.
+    """
+    read = {flag: _real(path) for flag, path in (inputs or {}).items() if path}
+    for flag, path in (model_dirs or {}).items():
+        if path:
+            root = _real(str(path).split("@")[0])
+            read[flag] = root
+            read.update(
+                {f"{flag} ({name})": os.path.join(root, name) for name in _MODEL_DIR_INPUTS}
+            )
+    for out_flag, out_path in outputs.items():
+        target = _real(out_path) if out_path else None
+        for in_flag, source in read.items() if target else ():
+            if target == source:
+                problem = "is"
+            elif source.startswith(target + os.sep):
+                problem = "contains"
+            elif in_flag.endswith("(checkpoints)") and target.startswith(source + os.sep):
+                problem = "is inside"
+            else:
+                continue
+            raise UserError(
+                f"{out_flag} {out_path} {problem} the input {in_flag} {source}: writing it would "
+                f"destroy what the command reads. Give {out_flag} a path outside the inputs."
+            )
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(str(path)))
