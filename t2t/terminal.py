@@ -15,9 +15,23 @@ from t2t.errors import UserError
 _GIN_CALL_NOTE = re.compile(r"\n  In call to configurable '[^']*' \(.*\)(?: in scope '[^']*')?")
 
 
+# gin's error for a required parameter nobody bound: "Required bindings for `run` not provided
+# in config: ['tasks']".
+_GIN_REQUIRED = re.compile(r"Required bindings for `([^`]*)` not provided in config: \[(.*)\]")
+
+
 def error_message(error: BaseException) -> str:
     """The message of an error for the console, without gin's call-site notes."""
-    return _GIN_CALL_NOTE.sub("", str(error))
+    message = _GIN_CALL_NOTE.sub("", str(error))
+    required = _GIN_REQUIRED.search(message)
+    if required:
+        function, names = required.groups()
+        first = names.split(",")[0].strip().strip("'\"")
+        message += (
+            f". Bind each in a gin file (`{function}.{first} = ...`) or with "
+            f"--gin.{function}.{first}=VALUE."
+        )
+    return message
 
 
 _T2T_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +48,8 @@ def is_user_error(error: BaseException) -> bool:
     """
     if isinstance(error, (UserError, OSError)):
         return True
+    if isinstance(error, RuntimeError) and _GIN_REQUIRED.search(str(error)):
+        return True  # a gin file that leaves a required parameter unbound
     if not isinstance(error, ValueError):
         return False
     tb = error.__traceback__

@@ -32,6 +32,7 @@ from typing import Any
 import gin
 
 from t2t import chain
+from t2t.errors import UserError
 from t2t.studies import aggregate, baselines, report
 
 SCORE_FILE = "score.json"
@@ -174,6 +175,45 @@ def run_score(model_dir: str, task: str) -> float | None:
     return max(complete) if complete else None
 
 
+def _check_arms(arms: Any) -> None:
+    """Raises UserError unless `arms` is a non-empty list of {"name": str, "stages": [...]}
+    mappings with distinct names, naming the arm and what is wrong."""
+    if not isinstance(arms, Sequence) or isinstance(arms, str) or not arms:
+        raise UserError(
+            f"t2t.studies.run.arms must be a non-empty list of arms, got {arms!r}: e.g. "
+            '[{"name": "baseline", "stages": [...]}].'
+        )
+    seen = set()
+    for index, arm in enumerate(arms):
+        where = f"Arm {index} of t2t.studies.run.arms"
+        if not isinstance(arm, Mapping):
+            raise UserError(f'{where} must be a dict with "name" and "stages", got {arm!r}.')
+        missing = [key for key in ("name", "stages") if key not in arm]
+        if missing:
+            raise UserError(
+                f'{where} lacks {missing} (it has {sorted(arm)}): every arm needs a "name" '
+                'and its "stages", e.g. {"name": "baseline", "stages": [{"name": "pretrain", '
+                '"gin_files": [...]}]}.'
+            )
+        if not isinstance(arm["name"], str) or not arm["name"]:
+            raise UserError(f"{where}: its name must be a non-empty string, got {arm['name']!r}.")
+        if arm["name"] in seen:
+            raise UserError(f"{where}: the name {arm['name']!r} is already another arm's.")
+        seen.add(arm["name"])
+        stages = arm["stages"]
+        if isinstance(stages, str) or not isinstance(stages, Sequence) or not stages:
+            raise UserError(
+                f"Arm {arm['name']!r}: its stages must be a non-empty list of stage dicts, got "
+                f"{stages!r}."
+            )
+        for stage in stages:
+            if not isinstance(stage, Mapping) or "name" not in stage:
+                raise UserError(
+                    f'Arm {arm["name"]!r}: every stage is a dict with a "name" (and '
+                    f'"gin_files"), got {stage!r}.'
+                )
+
+
 @gin.configurable(module="t2t.studies")
 def run(
     study_dir: str = gin.REQUIRED,
@@ -215,6 +255,7 @@ def run(
     Returns:
       The aggregation written to study.json.
     """
+    _check_arms(arms)
     if only_arms:
         unknown = sorted(set(only_arms) - {a["name"] for a in arms})
         if unknown:

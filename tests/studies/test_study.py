@@ -233,3 +233,37 @@ def test_arms_selects_a_subset_of_the_study(micro, tmp_path, capsys):
     with pytest.raises(ValueError, match=r"No arms \['typo'\]"):
         runs.configure([micro], [])
         runner.run(study_dir=str(tmp_path / "s"), only_arms=["typo"], print_commands=True)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        # An arm without "name" raised KeyError: 'name' (exit 1 with a stack) before issue 33.
+        (('{"name": "no pre-training", "stages"', '{"title": "x", "stages"'), "lacks ['name']"),
+        (
+            (
+                '{"name": "no pre-training", "stages": [',
+                '{"name": "no pre-training", "stages": 3, "x": [',
+            ),
+            "stages must be",
+        ),
+        # A study file that binds no tasks got gin's RuntimeError (exit 1) before issue 33.
+        (None, "['tasks']. Bind each in a gin file (`studies.run.tasks = ...`)"),
+    ],
+)
+def test_a_malformed_study_file_exits_2_with_what_to_fix(micro, tmp_path, capsys, change, message):
+    broken = tmp_path / "broken.gin"
+    if change is None:  # arms, no tasks, no profile
+        broken.write_text(
+            't2t.studies.run.arms = [{"name": "a", "stages": [{"name": "s", "gin_files": '
+            '["experiments/tiny_builtin_demo.gin"]}]}]\n'
+        )
+    else:
+        old, new = change
+        text = open(micro).read()
+        assert old in text
+        broken.write_text(text.replace(old, new))
+    argv = ["study", f"--gin_file={broken}", f"--study_dir={tmp_path / 's'}", "--print_commands"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
