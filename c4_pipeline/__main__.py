@@ -54,13 +54,22 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def config_from_args(args: argparse.Namespace) -> pipeline.C4Config:
-    """Builds the config, loading the bad-words, domain and URL lists the variant needs."""
+    """Builds the config: checks the paths first (nothing read or downloaded yet), then loads
+    the bad-words, domain and URL lists the variant needs.
+
+    Raises:
+        ValueError: a path that matches nothing, an output directory that holds shards or
+            inputs, a list that cannot be read (the download named), a bad setting.
+    """
+    wet_paths = tuple(p.strip() for p in args.wet_paths.split(",") if p.strip())
+    lists = [path for path in (args.badwords_file, args.domains_file, args.urls_file) if path]
+    pipeline.check_inputs(wet_paths, args.output_dir, lists)
     words = ()
     if args.variant != "unfiltered":
         words = tuple(badwords.load_badwords(args.badwords_file or args.badwords_url))
     domains = tuple(variants.read_list(args.domains_file)) if args.variant == "realnewslike" else ()
     return pipeline.C4Config(
-        wet_paths=tuple(p.strip() for p in args.wet_paths.split(",") if p.strip()),
+        wet_paths=wet_paths,
         output_dir=args.output_dir,
         variant=args.variant,
         badwords=words,
@@ -73,9 +82,16 @@ def config_from_args(args: argparse.Namespace) -> pipeline.C4Config:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the pipeline; exit 2 with one line for bad input (paths, lists, flags), 1 for a run
+    that read or kept nothing, and a traceback only for a bug."""
     logging.basicConfig(level=logging.INFO)
     args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
-    stats = pipeline.run(config_from_args(args), PipelineOptions(beam_args))
+    try:
+        config = config_from_args(args)
+    except (ValueError, OSError) as error:
+        print(f"python -m c4_pipeline: error: {error}", file=sys.stderr)
+        return 2
+    stats = pipeline.run(config, PipelineOptions(beam_args))
     counters = stats["counters"]
     print(json.dumps(counters, indent=2, sort_keys=True))
     problem = empty_run(counters)

@@ -27,7 +27,8 @@ DirectRunner, Dataflow, Flink and Spark.
 
 import collections
 import dataclasses
-from typing import Iterable, Optional
+import os
+from typing import Iterable, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.io import fileio
@@ -215,24 +216,60 @@ def build(pipeline: beam.Pipeline, config: C4Config) -> dict:
     )
 
 
-def check_paths(config: C4Config) -> None:
-    """Fails early, before any worker starts, on inputs that match nothing or a used output_dir.
+def check_paths(config: C4Config, other_inputs: Sequence[str] = ()) -> None:
+    """Fails early, before any worker starts, on inputs that match nothing or a used output_dir
+    (`check_inputs` for the run's config).
 
     Raises:
-        ValueError: naming the pattern that matched no file, or the shards already present.
+        ValueError: see `check_inputs`.
     """
-    for pattern, match in zip(config.wet_paths, FileSystems.match(list(config.wet_paths))):
+    check_inputs(config.wet_paths, config.output_dir, other_inputs)
+
+
+def check_inputs(
+    wet_paths: Sequence[str], output_dir: str, other_inputs: Sequence[str] = ()
+) -> None:
+    """Fails on inputs that match nothing, an output directory that already holds shards, or
+    one that is or contains an input; reads no list and downloads nothing.
+
+    Args:
+        wet_paths: WET files or glob patterns.
+        output_dir: where the shards would go.
+        other_inputs: more files the run reads (word, domain and URL lists).
+
+    Raises:
+        ValueError: naming the pattern that matched no file, the shards already present, or the
+            input the output directory would hold.
+    """
+    if not wet_paths:
+        raise ValueError("--wet_paths names no file; pass WET files or glob patterns.")
+    matches = FileSystems.match(list(wet_paths))
+    for pattern, match in zip(wet_paths, matches):
         if not match.metadata_list:
             raise ValueError(
                 f"No WET file matches {pattern!r}. Pass existing files or glob patterns, e.g. "
                 "--wet_paths='/data/CC-MAIN-2019-18/*.warc.wet.gz'."
             )
-    existing = FileSystems.match([output.shard_prefix(config.output_dir, "*") + "-*"])[0]
+    target = _real(output_dir)
+    read = [m.path for match in matches for m in match.metadata_list] + list(other_inputs)
+    for path in read:
+        source = _real(path)
+        if source == target or source.startswith(target.rstrip("/") + "/"):
+            raise ValueError(
+                f"--output_dir {output_dir!r} is or contains the input {path!r}; write the "
+                "shards to a directory outside the inputs."
+            )
+    existing = FileSystems.match([output.shard_prefix(output_dir, "*") + "-*"])[0]
     if existing.metadata_list:
         raise ValueError(
-            f"{config.output_dir!r} already holds shards (e.g. {existing.metadata_list[0].path}); "
+            f"{output_dir!r} already holds shards (e.g. {existing.metadata_list[0].path}); "
             "write to an empty directory or delete them, so old and new shards do not mix."
         )
+
+
+def _real(path: str) -> str:
+    """A local path made absolute (links resolved); a remote one (gs://, s3://) as given."""
+    return path if "://" in path else os.path.realpath(path)
 
 
 def run(config: C4Config, options: Optional[PipelineOptions] = None) -> dict:

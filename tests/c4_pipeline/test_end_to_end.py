@@ -193,3 +193,44 @@ def test_a_run_that_reads_nothing_usable_exits_non_zero_with_its_counters(tmp_pa
         == "5 pages were read, but every one was filtered out"
     )
     assert c4_cli.empty_run({"read": {"page_read": 5}, "write": {"page_written:train": 1}}) == ""
+
+
+def test_bad_input_exits_2_before_any_download(tmp_path, capsys, monkeypatch):
+    """Issue 33: `--wet_paths` matching nothing raised a ValueError traceback, and only after the
+    bad-words list was fetched over the network (offline, the network error hid the real one).
+    Now the paths are checked first, nothing is fetched for a run that cannot start, and bad
+    input is one line and exit 2, the download named when it is what fails."""
+    import urllib.request
+
+    from c4_pipeline import __main__ as c4_cli
+
+    fetched = []
+
+    def offline(url, *args, **kwargs):
+        fetched.append(url)
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    wet = tmp_path / "in" / "a.warc.wet"
+    wet.parent.mkdir()
+    wet.write_text("")
+    cases = {
+        "no match": (
+            [f"--wet_paths={tmp_path}/nothing*.wet", f"--output_dir={tmp_path / 'o'}"],
+            "No WET file matches",
+        ),
+        "output holds the input": (
+            [f"--wet_paths={wet}", f"--output_dir={tmp_path}"],
+            "is or contains the input",
+        ),
+        "the download fails": (
+            [f"--wet_paths={wet}", f"--output_dir={tmp_path / 'o'}"],
+            "Could not read the bad-words list from 'https://",
+        ),
+    }
+    for case, (argv, message) in cases.items():
+        assert c4_cli.main([*argv, "--runner=DirectRunner"]) == 2, case
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (case, err)
+        assert "--badwords_file" in err or case != "the download fails"
+    assert len(fetched) == 1  # only the run whose inputs were fine tried to download
