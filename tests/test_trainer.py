@@ -334,3 +334,13 @@ def test_checkpoint_saved_is_said_only_once_the_save_is_committed(tmp_path, caps
     assert saved == [f"step {s}: checkpoint saved to {trainer.manager.directory}" for s in (2, 4)]
     assert lines.index("<all saves committed>") < lines.index(saved[0])
     assert trainer.manager.all_steps() == [2, 4]
+
+
+def test_an_evaluation_with_nothing_to_evaluate_prints_no_empty_line(tmp_path, capsys):
+    """Issue 33: a chain stage with no eval tasks printed "step N eval: " with nothing after it
+    at every evaluation."""
+    trainer = _trainer(tmp_path, _single_device(), eval_every=1)
+    trainer.train(2)
+    lines = capsys.readouterr().out.splitlines()
+    assert not [line for line in lines if "eval:" in line], lines
+    assert [step for step, _ in trainer.eval_history] == [1, 2]  # evaluated, silently

@@ -80,7 +80,12 @@ class RunLock:
                 _HELD.add(self)
                 return
             current = self._read()
-            if current is None:  # vanished (released) or half-written: look again
+            if current is not None and current.get("unreadable"):
+                current = self._read_settled()
+            if current is None:  # vanished (released): look again
+                continue
+            if current.get("unreadable"):  # still no record after the holder's writing time
+                self._retire(current, "the lock file holds no lock record (empty or damaged)")
                 continue
             if self._is_ours(current):
                 return  # this process already holds it (e.g. a second trainer in one script)
@@ -141,13 +146,22 @@ class RunLock:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            # Being written this instant, or damaged: judge it by the file's age alone.
-            try:
-                age = time.time() - os.path.getmtime(self.path)
-            except FileNotFoundError:
-                return None
-            return {"pid": None, "host": "?", "heartbeat": time.time() - age}
-        return record if isinstance(record, dict) else None
+            record = None
+        if isinstance(record, dict) and "pid" in record and "heartbeat" in record:
+            return record
+        # Empty or not a lock record: being written this instant (the holder writes right
+        # after creating the file), or damaged (a crash in between, a stray edit).
+        return {"unreadable": True}
+
+    def _read_settled(self, seconds: float = 1.0) -> dict[str, Any] | None:
+        """The lock record once its holder has had `seconds` to write it (a creator writes
+        within milliseconds); still {"unreadable": True} after that."""
+        deadline = time.monotonic() + seconds
+        current = self._read()
+        while current is not None and current.get("unreadable") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            current = self._read()
+        return current
 
     def _is_ours(self, record: dict[str, Any]) -> bool:
         return record.get("pid") == os.getpid() and record.get("host") == self.holder["host"]
@@ -173,6 +187,8 @@ class RunLock:
             with open(retired) as f:
                 moved = json.load(f)
         except (OSError, ValueError):
+            moved = None
+        if not isinstance(moved, dict):
             moved = None
         if moved is not None and moved.get("heartbeat") != record.get("heartbeat"):
             # A new holder wrote it after we judged it stale: put it back, unless yet another
@@ -237,6 +253,8 @@ def release_all() -> None:
 
 
 def _who(record: dict[str, Any]) -> str:
+    if record.get("unreadable"):
+        return "no one it names (the file held no lock record)"
     command = str(record.get("command") or "")
     if len(command) > 100:
         command = command[:97] + "..."

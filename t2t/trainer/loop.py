@@ -592,7 +592,9 @@ class Trainer:
             for k, v in results.items()
             if not k.endswith(("/target_tokens", "/z_loss"))
         )
-        if progress is not None:
+        if not shown:  # no eval tasks and no evaluators: nothing to say
+            pass
+        elif progress is not None:
             progress.note(f"step {self.step} eval: {shown}")
         elif self.is_chief:
             print(f"step {self.step} eval: {shown}")

@@ -333,3 +333,19 @@ def test_a_lock_of_another_host_is_stale_only_after_its_heartbeat_stops(tmp_path
     path.write_text(json.dumps({**record, "heartbeat": time.time() - 61}))
     with lock.RunLock(str(tmp_path), stale_seconds=60):
         assert json.loads(path.read_text())["host"] != "elsewhere"
+
+
+@pytest.mark.parametrize("content", ["", "not json {", "[1, 2]", '{"x": 1}'])
+def test_an_empty_or_garbage_lock_file_is_taken_over_at_once(tmp_path, capsys, content):
+    """Issue 33: a lock file with no lock record in it read as held by "process None on host
+    ?" and blocked the directory for 60 s. A holder writes its record right after creating
+    the file, so a record still missing a moment later means none is coming."""
+    import time
+
+    (tmp_path / lock.LOCK_FILE).write_text(content)
+    start = time.monotonic()
+    with lock.RunLock(str(tmp_path), stale_seconds=60):
+        assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert "holds no lock record" in err and "None" not in err
