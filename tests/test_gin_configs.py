@@ -86,6 +86,22 @@ def test_a_misspelt_macro_binding_is_refused_with_a_suggestion():
     assert gin.query_parameter("%TRAIN_STEPS") == 10
 
 
+def test_a_misspelt_parameter_binding_is_refused_with_a_suggestion():
+    """Issue 33: gin's own message named the parameter it did not know and nothing else."""
+    with pytest.raises(
+        ValueError, match=r"named 'batchsize'(.|\n)*Did you mean t2t\.runs\.train\.batch_size\?"
+    ):
+        _parse(
+            ["experiments/tiny_builtin_demo.gin"],
+            ["MODEL_DIR = '/tmp/unused'", "t2t.runs.train.batchsize = 4"],
+        )
+    with pytest.raises(ValueError, match=r"t2t\.runs\.train takes: model_dir, mixture_or_task"):
+        _parse(
+            ["experiments/tiny_builtin_demo.gin"],
+            ["MODEL_DIR = '/tmp/unused'", "t2t.runs.train.zzzzzz = 4"],
+        )
+
+
 def test_the_four_kinds_are_all_there():
     kinds = {f.split("/")[0] for f in FILES}
     assert kinds >= {"models", "runs", "objectives", "experiments"}

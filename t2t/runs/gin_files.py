@@ -54,11 +54,40 @@ def configure(
     root.addFilter(_quiet_search_misses)
     try:
         gin.parse_config_files_and_bindings(list(gin_files), list(bindings), finalize_config=False)
+    except ValueError as error:
+        hint = _parameter_hint(str(error))
+        if not hint:
+            raise
+        raise ValueError(f"{error}\n{hint}") from None
     finally:
         root.removeFilter(_quiet_search_misses)
     _check_macros_are_used(bindings)
     if finalize:
         gin.finalize()
+
+
+# gin's error for a binding of a parameter the function does not have.
+_UNKNOWN_PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'")
+
+
+def _parameter_hint(message: str) -> str:
+    """ "Did you mean ...?" for gin's unknown-parameter error: the configurable's parameters
+    closest to the misspelt one, or all of them ("" for other errors)."""
+    import inspect
+
+    found = _UNKNOWN_PARAMETER.search(message)
+    if not found:
+        return ""
+    name, parameter = found.groups()
+    try:  # NOTE: gin has no public way to list a configurable's parameters
+        configurable = gin.config._REGISTRY.get_match(name)
+        parameters = list(inspect.signature(configurable.wrapped).parameters)
+    except Exception:  # noqa: BLE001 (no hint rather than a second error)
+        return ""
+    close = difflib.get_close_matches(parameter, parameters, n=3)
+    if close:
+        return f"Did you mean {' or '.join(f'{name}.{c}' for c in close)}?"
+    return f"{name} takes: {', '.join(parameters)}."
 
 
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=", re.MULTILINE)
