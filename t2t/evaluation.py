@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ import seqio
 from flax import nnx
 
 from t2t import inference, metrics, models
+from t2t.checkpoints.integrity import CorruptCheckpointError
 
 History = Mapping[int, Mapping[str, float]]
 RESULTS_FILE = "results.json"
@@ -426,18 +428,27 @@ def evaluate_model_dir(
         console=console,
         **evaluator_options,
     )
+    skipped = {}
     for step in chosen:
-        if directory.config(step) != config:
-            raise ValueError(
-                f"Checkpoint {step} of {model_dir} has a different network config "
-                f"from checkpoint {chosen[-1]}; evaluate them separately."
+        try:
+            params = _params_to_evaluate(directory, step, config, newest, partitioner)
+        except CorruptCheckpointError as error:
+            if steps != "all":
+                raise  # a step asked for by number: its damage is the answer
+            skipped[step] = f"{error.item}: {error.detail}"
+            print(
+                f"Skipped step {step}: its checkpoint is damaged ({skipped[step]}).",
+                file=sys.stderr,
+                flush=True,
             )
-        if newest is not None:
-            params, newest = newest.params, None
-        else:
-            params, _ = directory.restore_params(step, config=config, partitioner=partitioner)
+            continue
+        newest = None
         evaluator(params, step)
         del params
+    if not evaluator.history:
+        raise CorruptCheckpointError(
+            model_dir, chosen[-1], "every checkpoint", f"none could be evaluated: {skipped}"
+        )
     best = evaluator.best()
     if console is not None:
         console(format_best(best))
@@ -447,8 +458,28 @@ def evaluate_model_dir(
         "steps": {str(s): m for s, m in sorted(evaluator.history.items())},
         "best": best,
     }
+    if skipped:
+        results["skipped_damaged"] = {str(s): why for s, why in skipped.items()}
     _write_json(output_file or os.path.join(log_dir, RESULTS_FILE), results)
     return results
+
+
+def _params_to_evaluate(directory, step: int, config, newest, partitioner):
+    """The parameters of `step` (the already loaded `newest` when it is that step).
+
+    Raises:
+      CorruptCheckpointError: the step's checkpoint is damaged.
+      ValueError: its network differs from the one evaluated.
+    """
+    if directory.config(step) != config:
+        raise ValueError(
+            f"Checkpoint {step} of {directory.path} has a different network config from "
+            f"the latest evaluated one; evaluate them separately."
+        )
+    if newest is not None and newest.step == step:
+        return newest.params
+    params, _ = directory.restore_params(step, config=config, partitioner=partitioner)
+    return params
 
 
 def evaluate_ensemble(

@@ -227,6 +227,34 @@ def test_no_command_writes_over_one_of_its_inputs(runs, tmp_path, capsys):
     assert model_dir_lib.ModelDir(run).steps() == [3, 6]
 
 
+def test_eval_all_steps_skips_a_damaged_step_and_average_names_steps(runs, tmp_path, capsys):
+    """Issue 33: `eval --all_steps` aborted at a damaged step, and `average` refused one without
+    saying how to choose others. Now eval skips it, says so and records it; average names
+    --steps and the other saved steps."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "six", run)
+    _flip_a_bit(run / "checkpoints" / "3")
+    capsys.readouterr()
+    out = tmp_path / "eval.json"
+    argv = [
+        "eval",
+        f"--model_dir={run}",
+        "--tasks=builtin_package",
+        "--num_examples=4",
+        "--batch_size=4",
+        "--all_steps",
+        f"--output_file={out}",
+    ]
+    assert cli.main(argv) == 0
+    assert "Skipped step 3: its checkpoint is damaged (params" in capsys.readouterr().err
+    results = json.loads(out.read_text())
+    assert list(results["steps"]) == ["6"] and list(results["skipped_damaged"]) == ["3"]
+    average = ["average", f"--model_dir={run}", f"--output_dir={tmp_path / 'avg'}", "--last=2"]
+    assert cli.main(average) == 2
+    err = capsys.readouterr().err
+    assert "name them with --steps (the other saved steps: [6]" in err and "Traceback" not in err
+
+
 def test_sigterm_saves_the_current_step_and_the_resumed_run_is_identical(
     runs, tmp_path, capsys, monkeypatch
 ):

@@ -24,6 +24,7 @@ from flax import nnx
 
 from t2t.checkpoints import manager as manager_lib
 from t2t.checkpoints import model_dir as model_dir_lib
+from t2t.checkpoints.integrity import CorruptCheckpointError
 
 
 @dataclasses.dataclass
@@ -108,9 +109,20 @@ def average_checkpoints(
                 f"Checkpoints {chosen[-1]} and {step} of {directory.path} belong to different "
                 "networks (their configs differ); average checkpoints of one run."
             )
-        params, step_metadata = directory.restore_params(
-            step, config=config, partitioner=partitioner
-        )
+        try:
+            params, step_metadata = directory.restore_params(
+                step, config=config, partitioner=partitioner
+            )
+        except CorruptCheckpointError as error:
+            others = [s for s in directory.steps() if s != step]
+            raise CorruptCheckpointError(
+                error.directory,
+                error.step,
+                error.item,
+                f"{error.detail}. Average intact checkpoints instead: name them with --steps "
+                f"(the other saved steps: {others}; `t2t check {directory.path}` says which "
+                "are intact)",
+            ) from None
         if total is None:
             # NOTE: the running sum is float32 whatever the parameter dtype: summing N bfloat16
             # checkpoints in bfloat16 would round every partial sum to 8 mantissa bits.
