@@ -132,15 +132,83 @@ def run(
     """
     from t2t import runs
 
+    plan = validate(
+        model_dir,
+        stages,
+        init_checkpoint=init_checkpoint,
+        bindings=bindings,
+        search_paths=search_paths,
+    )
+    records: list[dict[str, Any]] = []
+    for stage, stage_bindings, record in plan:
+        if dry_run:
+            print(record["command"], flush=True)
+            records.append(record)
+            continue
+        directory = record["model_dir"]
+        runs.configure(stage.gin_files, stage_bindings, search_paths)
+        record["skipped"] = _finished(directory)
+        if record["skipped"]:
+            print(f"chain: stage {stage.name!r} is finished in {directory}; skipped", flush=True)
+        else:
+            previous = record["init_checkpoint"]
+            print(
+                f"chain: stage {stage.name!r} -> {directory}"
+                + (f" (from {previous})" if previous else ""),
+                flush=True,
+            )
+            runs.train()
+        from t2t.trainer import init
+
+        record["selected_step"] = init.resolve(record["selection"])[1] or _latest(directory)
+        records.append(record)
+        _write_record(model_dir, records)
+    return {"stages": records}
+
+
+def validate(
+    model_dir: str,
+    stages: Sequence[Stage | Mapping[str, Any]],
+    *,
+    init_checkpoint: str | None = None,
+    bindings: Sequence[str] = (),
+    search_paths: Sequence[str] = (),
+) -> list[tuple[Stage, list[str], dict[str, Any]]]:
+    """Every stage of a chain checked before any of them trains: its gin files parse with its
+    bindings (unknown parameters and unused macros refused with suggestions), the task and eval
+    tasks it names are registered, and the chain's first checkpoint exists; later stages start
+    from checkpoints the earlier stages make.
+
+    Returns:
+      Per stage: the `Stage`, its gin bindings, and its record (name, model_dir,
+      init_checkpoint, selection, command).
+
+    Raises:
+      UserError: naming the stage and its files, with what is wrong and how to fix it.
+    """
+    from t2t import runs, terminal
+    from t2t.errors import UserError
+
     chain = stages_from(stages)
     per_stage = _split_bindings(bindings, [s.name for s in chain])
-    records: list[dict[str, Any]] = []
+    _check_source(init_checkpoint)
+    plan = []
     previous = init_checkpoint
     for stage in chain:
         directory = stage.directory or os.path.join(model_dir, stage.name)
-        stage_bindings = _stage_bindings(
-            stage, directory, previous, per_stage[stage.name], search_paths
-        )
+        try:
+            stage_bindings = _stage_bindings(
+                stage, directory, previous, per_stage[stage.name], search_paths
+            )
+            runs.configure(stage.gin_files, stage_bindings, search_paths)
+            _check_tasks()
+        except Exception as error:  # noqa: BLE001 (the user's mistakes get the stage named)
+            if not terminal.is_user_error(error):
+                raise
+            raise UserError(
+                f"Chain stage {stage.name!r} ({', '.join(stage.gin_files)}), checked before "
+                f"any stage trains: {terminal.error_message(error)}"
+            ) from None
         record = {
             "name": stage.name,
             "model_dir": directory,
@@ -148,31 +216,53 @@ def run(
             "selection": stage.selection(directory),
             "command": command_line(stage.gin_files, stage_bindings),
         }
-        if dry_run:  # parsed all the same, so a broken stage shows before anything runs
-            runs.configure(stage.gin_files, stage_bindings, search_paths)
-            print(record["command"], flush=True)
-        else:
-            runs.configure(stage.gin_files, stage_bindings, search_paths)
-            record["skipped"] = _finished(directory)
-            if record["skipped"]:
-                print(
-                    f"chain: stage {stage.name!r} is finished in {directory}; skipped", flush=True
-                )
-            else:
-                print(
-                    f"chain: stage {stage.name!r} -> {directory}"
-                    + (f" (from {previous})" if previous else ""),
-                    flush=True,
-                )
-                runs.train()
-            from t2t.trainer import init
-
-            record["selected_step"] = init.resolve(record["selection"])[1] or _latest(directory)
-        records.append(record)
+        plan.append((stage, stage_bindings, record))
         previous = record["selection"]
-        if not dry_run:
-            _write_record(model_dir, records)
-    return {"stages": records}
+    return plan
+
+
+def _macro_value(value: Any) -> Any:
+    """A gin macro reference's value (macros of macros followed); anything else as it is."""
+    while (
+        isinstance(value, gin.config.ConfigurableReference) and value.configurable.name == "macro"
+    ):
+        value = value.scoped_configurable_fn()
+    return value
+
+
+def _check_source(spec: str | None) -> None:
+    """The chain's first checkpoint (a directory, maybe with "@STEP" or "@best:METRIC") exists."""
+    from t2t.errors import UserError
+
+    if spec is None:
+        return
+    path = str(spec).split("@")[0]
+    if "://" not in path and not os.path.exists(path):
+        raise UserError(
+            f"The chain's INIT_CHECKPOINT {spec!r} does not exist: give a HF T5 directory or a "
+            "t2t model directory (optionally DIR@STEP, DIR@best:METRIC or DIR@last)."
+        )
+
+
+def _check_tasks() -> None:
+    """The task and eval tasks the configured `t2t.runs.train` names are registered."""
+    from t2t import runs
+    from t2t.data import registry
+    from t2t.errors import UserError
+
+    # References unresolved: a stage's MODEL_CONFIG may read a checkpoint an earlier stage
+    # has yet to write; only the macros naming tasks are resolved.
+    bound = gin.get_bindings("t2t.runs.train", resolve_references=False)
+    bound = {name: _macro_value(bound.get(name)) for name in ("mixture_or_task", "eval_tasks")}
+    task = bound.get("mixture_or_task")
+    if not isinstance(task, str):
+        raise UserError(
+            "The stage's files bind no task: set MIXTURE_OR_TASK (t2t.runs.train.mixture_or_task)."
+        )
+    names = [task, *(bound.get("eval_tasks") or ())]
+    runs.import_task_modules((), names)
+    for name in names:
+        registry.get_task_or_mixture(name)  # raises with the nearest registered names
 
 
 def _split_bindings(bindings: Sequence[str], names: Sequence[str]) -> dict[str, list[str]]:

@@ -329,6 +329,7 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
         if _read_score(study_dir, arm, task, seed) is None
     ]
     done_before = len(grid) - len(todo)
+    _validate(todo, study_dir, common, lengths, corpus, search_paths)
     start = time.perf_counter()
     for index, (arm, task, seed) in enumerate(todo):
         elapsed = time.perf_counter() - start
@@ -362,6 +363,22 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
         f"{done_before} found done",
         flush=True,
     )
+
+
+def _validate(todo, study_dir, common, lengths, corpus, search_paths) -> None:
+    """Every (arm, task) chain to run checked before the first run trains (`chain.validate`:
+    gin files, bindings, tasks, sources), once per pair: the seeds only change bindings the
+    checks accept for one if they accept them for another."""
+    seen = set()
+    for arm, task, seed in todo:
+        if (arm["name"], task) in seen:
+            continue
+        seen.add((arm["name"], task))
+        stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
+        try:
+            chain.validate(_run_dir(study_dir, arm, task, seed), stages, search_paths=search_paths)
+        except UserError as error:
+            raise UserError(f"Study arm {arm['name']!r}, task {task!r}: {error}") from None
 
 
 def _evaluates(arm: Mapping[str, Any]) -> bool:

@@ -219,3 +219,38 @@ def test_checkpoint_specs_name_a_step(tmp_path):
     assert init.resolve(str(odd)) == (str(odd), None)
     with pytest.raises(ValueError, match="No checkpoint of .* was saved with 'x/accuracy'"):
         init.best_step(str(tmp_path), "x/accuracy")
+
+
+@pytest.mark.parametrize(
+    "stage_two, message",
+    [
+        ({"gin_files": ["experiments/no_such_file.gin"]}, "no_such_file.gin"),
+        ({"bindings": ["MIXTURE_OR_TASK = 'builtin_summarise'"]}, "builtin_summarize"),
+        ({"bindings": ["t2t.runs.train.batchsize = 4"]}, "Did you mean t2t.runs.train.batch_size"),
+    ],
+)
+def test_a_broken_later_stage_is_refused_before_the_first_stage_trains(
+    pretrained, tmp_path, capsys, stage_two, message
+):
+    """Issue 33: a typo in stage 2 exited 2 only after stage 1 had trained (hours, for real
+    stages). Every stage is now checked first: gin files, bindings, tasks."""
+    stages = [dict(STAGES[0]), {**STAGES[1], **stage_two}]
+    if "bindings" in stage_two:
+        stages[1]["bindings"] = [*STAGES[1]["bindings"], *stage_two["bindings"]]
+    argv = [
+        "chain",
+        "--gin_file=gin/chains/stilts_builtin.gin",
+        f"--gin.MODEL_DIR='{tmp_path / 'chain'}'",
+        f"--gin.INIT_CHECKPOINT='{pretrained}'",
+        f"--gin.t2t.chain.run.stages={stages!r}",
+        *[f"--stage_gin={b}" for b in [*SMALL[:6], *COMMON]],
+    ]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Chain stage 'two'" in err and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "chain" / "one").exists()  # nothing trained
+
+
+def test_a_chain_from_a_missing_checkpoint_is_refused(tmp_path, capsys):
+    with pytest.raises(Exception, match="INIT_CHECKPOINT .* does not exist"):
+        chain.validate(str(tmp_path), STAGES, init_checkpoint=str(tmp_path / "nowhere"))

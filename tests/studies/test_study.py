@@ -267,3 +267,21 @@ def test_a_malformed_study_file_exits_2_with_what_to_fix(micro, tmp_path, capsys
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def test_a_broken_arm_is_refused_before_any_run_trains(micro, tmp_path, capsys):
+    """Issue 33: a study built its runs' stages as it reached them, so a broken arm failed only
+    after the arms before it had trained. Every (arm, task) chain is now checked first."""
+    text = open(micro).read()
+    old = '{"name": "scratch", "gin_files": [%SCRATCH], "bindings": [%FINETUNE_BINDINGS]}'
+    assert old in text
+    broken = tmp_path / "broken.gin"
+    broken.write_text(
+        text.replace(old, old.replace("[%FINETUNE_BINDINGS]", '["t2t.runs.train.seeed = 1"]'))
+    )
+    study_dir = tmp_path / "s"
+    assert cli.main(["study", f"--gin_file={broken}", f"--study_dir={study_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert "Study arm 'no pre-training'" in err and "Did you mean t2t.runs.train.seed" in err
+    assert "Traceback" not in err
+    assert not glob.glob(str(study_dir / "**" / "checkpoints"), recursive=True)  # none trained
