@@ -132,8 +132,9 @@ def choose(
     """The implementation one attention call runs: `requested`, or `auto`'s pick.
 
     Raises:
-      ValueError: `requested` is unknown, or is "cudnn" where cuDNN cannot run (the message
-        says why and what to change).
+      ValueError: `requested` is unknown, or is "cudnn" or "flash" where that kernel cannot
+        run (the message says why and what to change). Sites neither kernel takes in any run
+        (decoding steps; for flash also prefix LMs and lengths its blocks do not tile) run XLA.
     """
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f"attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}.")
