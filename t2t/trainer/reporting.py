@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import logging
 import os
 import sys
 import time
@@ -100,7 +102,10 @@ def read_scalars(directory: str, max_step: int | None = None) -> dict[str, list[
     accumulator = event_accumulator.EventAccumulator(
         directory, size_guidance={event_accumulator.SCALARS: 0}, purge_orphaned_data=True
     )
-    accumulator.Reload()
+    # The purge at a restart marker is what the marker asks for, not news: TensorBoard's
+    # "out of order event.step ... Purging expired events" warning stays off the console.
+    with _quiet_logger("tensorboard"):
+        accumulator.Reload()
     scalars = {}
     for tag in accumulator.Tags()["scalars"]:
         points = {e.step: e.value for e in accumulator.Scalars(tag)}  # a step's last value wins
@@ -108,6 +113,18 @@ def read_scalars(directory: str, max_step: int | None = None) -> dict[str, list[
             (s, v) for s, v in points.items() if max_step is None or s <= max_step
         )
     return scalars
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """Drops the warnings of the logger `name` (errors still pass) while the block runs."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class Progress:
