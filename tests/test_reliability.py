@@ -312,6 +312,42 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, capsys, monkeypatch):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
+def test_a_second_ctrl_c_while_the_checkpoint_commits_leaves_it_intact(
+    tmp_path, capsys, monkeypatch
+):
+    from t2t.checkpoints import manager
+    from t2t.data import pipeline
+
+    calls = {"batches": 0, "waits": 0}
+    original_next = pipeline.InputPipeline.__next__
+    original_wait = manager.CheckpointManager.wait_until_finished
+
+    def next_then_sigint(self):
+        calls["batches"] += 1
+        if calls["batches"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # save after this step, then stop
+        return original_next(self)
+
+    def second_sigint_while_waiting(self):
+        calls["waits"] += 1
+        if calls["waits"] == 1:  # the wait for the stop's checkpoint to commit
+            os.kill(os.getpid(), signal.SIGINT)
+        return original_wait(self)
+
+    monkeypatch.setattr(pipeline.InputPipeline, "__next__", next_then_sigint)
+    monkeypatch.setattr(
+        manager.CheckpointManager, "wait_until_finished", second_sigint_while_waiting
+    )
+    run = tmp_path / "run"
+    assert cli.main(_argv(run, 9)) == 130
+    err = capsys.readouterr().err
+    assert "t2t train: interrupted; nothing was saved" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    # The save under way was finished, not torn: every checkpoint left verifies.
+    statuses = {s: status for s, (status, _) in model_dir_lib.ModelDir(run).check().items()}
+    assert statuses and set(statuses.values()) == {"ok"}
+
+
 def _harness():
     import importlib.util
 

@@ -1,0 +1,85 @@
+"""The fault-injection harness's machinery at micro scale (its runs are a script with committed
+results, benchmarks/results/fault_injection*.json): the chain and study it stops are valid t2t
+inputs, it finds every model directory of a chain or study, and its verdict fails on any
+difference in a directory, a missing directory or a score."""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from t2t import cli
+from t2t.studies import runner  # noqa: F401 (its configurables exist before a run locks gin)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+spec = importlib.util.spec_from_file_location(
+    "fault_injection", os.path.join(REPO, "benchmarks", "fault_injection.py")
+)
+harness = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(harness)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtin(builtin_tasks):
+    return builtin_tasks
+
+
+def _argv(target, tmp_path):
+    path = harness.write_spec(target, str(tmp_path), steps=4, checkpoint_every=2)
+    argv = harness.command(str(tmp_path / "run"), 4, 2, target, path)
+    assert argv[1:4] == ["-m", "t2t.cli", target]
+    return argv[3:]
+
+
+def test_the_chain_it_stops_has_two_stages_and_passes_validation(tmp_path, capsys):
+    assert cli.main([*_argv("chain", tmp_path), "--dry_run"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t ")]
+    assert len(commands) == 2
+    assert "tiny_builtin_demo.gin" in commands[0] and "tiny_builtin_finetune.gin" in commands[1]
+    assert all("TRAIN_STEPS=4" in c and "checkpoint_every=2" in c for c in commands)
+
+
+def test_the_study_it_stops_has_three_runs_and_passes_validation(tmp_path, capsys):
+    assert cli.main([*_argv("study", tmp_path), "--print_commands"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t ")]
+    assert len(commands) == 3  # the shared pretraining, a fine-tuning, a run from scratch
+
+
+def test_model_dirs_finds_every_stage_and_run_and_nothing_inside_them(tmp_path):
+    for path in ("a/pretrain/checkpoints/2", "a/pretrain/train", "b/seed0/x/train", "c/eval"):
+        os.makedirs(tmp_path / path)
+    os.makedirs(tmp_path / "d" / "damaged_checkpoints")
+    assert harness.model_dirs(str(tmp_path)) == ["a/pretrain", "b/seed0/x", "d"]
+    assert harness.model_dirs(str(tmp_path / "a" / "pretrain")) == ["."]
+
+
+def _outcome(loss=1.0, accuracy=0.5, weight=0.0):
+    evals = {"task/accuracy": [(2, accuracy)]}
+    return {1: 2.0, 2: loss}, evals, [np.full((2, 2), weight, np.float32)]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["loss", "eval", "params", "missing directory", "extra directory", "score", "step"],
+)
+def test_the_verdict_is_exact_only_when_everything_agrees(change):
+    reference = {"pretrain": _outcome(), "finetune": _outcome(), "scores": {"arm/seed0": 0.25}}
+    assert harness.same_all(reference, dict(reference))["exact"]
+    got = dict(reference)
+    if change == "loss":
+        got["finetune"] = _outcome(loss=1.0 + 1e-7)
+    elif change == "eval":
+        got["finetune"] = _outcome(accuracy=0.75)
+    elif change == "params":
+        got["pretrain"] = _outcome(weight=1e-30)
+    elif change == "missing directory":
+        del got["finetune"]
+    elif change == "extra directory":
+        got["again"] = _outcome()
+    elif change == "score":
+        got["scores"] = {"arm/seed0": 0.5}
+    else:
+        losses, evals, params = _outcome()
+        got["pretrain"] = ({**losses, 3: 0.5}, evals, params)
+    assert not harness.same_all(got, reference)["exact"]
