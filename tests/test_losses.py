@@ -158,10 +158,42 @@ def test_no_one_hot_tensor_in_the_loss_or_its_gradient(batch):
         return losses.compute_weighted_loss(logits, jnp.asarray(targets))[0]
 
     jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.asarray(logits))
-    for equation in jaxpr.eqns:
+    for equation in _equations(jaxpr.jaxpr):  # nested jaxprs too: jax.nn.one_hot is a jit
         for out in equation.outvars:
             if out.aval.shape == logits.shape:
                 assert jnp.issubdtype(out.aval.dtype, jnp.floating), equation
+
+
+def _equations(jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs its equations hold (jit, cond, scan, ...)."""
+    for equation in jaxpr.eqns:
+        yield equation
+        for value in equation.params.values():
+            for inner in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's Jaxpr
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
+
+
+def test_the_one_hot_check_sees_inside_nested_jits(batch):
+    logits, targets = batch
+
+    def one_hot_loss(logits):  # what the check above must refuse
+        labels = jax.nn.one_hot(jnp.asarray(targets), logits.shape[-1])
+        return -(labels * jax.nn.log_softmax(logits)).sum()
+
+    jaxpr = jax.make_jaxpr(jax.grad(one_hot_loss))(jnp.asarray(logits)).jaxpr
+    nested = [e for e in _equations(jaxpr) if e not in jaxpr.eqns]
+    assert any(
+        out.aval.shape == logits.shape and not jnp.issubdtype(out.aval.dtype, jnp.floating)
+        for e in nested
+        for out in e.outvars
+    )
+    assert not any(  # the top level alone would miss it
+        out.aval.shape == logits.shape and not jnp.issubdtype(out.aval.dtype, jnp.floating)
+        for e in jaxpr.eqns
+        for out in e.outvars
+    )
 
 
 @pytest.mark.parametrize(

@@ -154,7 +154,7 @@ def test_sharded_train_step_equals_one_device(mode, scan):
     want_loss, want = train_step_result(one, cfg, batch)
     loss, got = train_step_result(partitioning.make_partitioner(2, 4, mode=mode), cfg, batch)
     assert loss == pytest.approx(want_loss, rel=1e-5)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 

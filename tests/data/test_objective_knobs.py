@@ -76,7 +76,13 @@ def test_bert_style_defaults_to_the_papers_split_and_takes_berts():
     # random tokens, a few of which happen to equal the original).
     assert masked / total == pytest.approx(0.15 * 0.9, abs=0.02)
     assert changed / total == pytest.approx(0.15, abs=0.02)
-    masked, changed, total = shares(first_batch("builtin_bert_style", "bert_style.mask_rate = 0.8"))
+    bert = shares(first_batch("builtin_bert_style", "bert_style.mask_rate = 0.8"))
     # BERT's: 80% masked, 10% random, 10% kept as they were (corrupted but unchanged).
-    assert masked / total == pytest.approx(0.15 * 0.8, abs=0.02)
-    assert changed / total == pytest.approx(0.15 * 0.9, abs=0.02)
+    assert bert[0] / bert[2] == pytest.approx(0.15 * 0.8, abs=0.02)
+    assert bert[1] / bert[2] == pytest.approx(0.15 * 0.9, abs=0.02)
+    # Those shares alone cannot tell 0.8 from 0.9 in one batch; paired they can: the same
+    # tokens are corrupted under both splits, and BERT's masks 8/9 of what the paper's masks
+    # and changes 9/10 of what it changes (an ignored binding gives 1 and 1; 0.7 gives 7/9).
+    assert bert[2] == total
+    assert bert[0] / masked == pytest.approx(0.8 / 0.9, abs=0.03)
+    assert bert[1] / changed == pytest.approx(0.9, abs=0.03)

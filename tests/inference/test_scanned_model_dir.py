@@ -59,7 +59,7 @@ def test_scanned_model_dir_infers_averages_and_exports_like_its_twin(
     scanned_mean = averaging.average_checkpoints(scanned_dir, last=2).params
     assert "layers" in scanned_mean["encoder"]
     for got, want in zip(
-        jax.tree.leaves(nn.to_layout(scanned_mean, config)), jax.tree.leaves(flat_mean)
+        jax.tree.leaves(nn.to_layout(scanned_mean, config)), jax.tree.leaves(flat_mean), strict=True
     ):
         np.testing.assert_array_equal(got, want)
 
@@ -81,7 +81,7 @@ def test_fine_tuning_converts_a_checkpoint_of_the_other_layout(
     params, description = init.load_params(scanned_dir, config, abstract, partitioner=partitioner)
     assert description["step"] == 10
     for got, want, target in zip(
-        jax.tree.leaves(params), jax.tree.leaves(params_a), jax.tree.leaves(abstract)
+        jax.tree.leaves(params), jax.tree.leaves(params_a), jax.tree.leaves(abstract), strict=True
     ):
         np.testing.assert_array_equal(got, want)
         assert got.sharding == target.sharding

@@ -6,7 +6,7 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from preprocessors import chunking
+from preprocessors import batching, chunking
 
 SEED = tf.constant([5, 9], tf.int32)
 
@@ -99,16 +99,33 @@ def test_split_tokens_to_lengths_leave_room_for_eos(token_dataset, as_lists, fea
     assert [e["targets"] for e in as_lists(by_targets)] == [[10, 11], [12, 13], [14, 15], [16]]
 
 
-def test_chained_steps_take_the_batched_fast_path_with_the_same_result(token_dataset, as_lists):
+def test_chained_steps_take_the_batched_fast_path_with_the_same_result(
+    token_dataset, as_lists, monkeypatch
+):
     docs = [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
-    plain = chunking.split_tokens(token_dataset(docs), 2)  # variable-length TensorSpec input
-    chained = chunking.split_tokens(chunking.reduce_concat_tokens(token_dataset(docs)), 2)
-    assert isinstance(
-        chunking.reduce_concat_tokens(token_dataset(docs)).element_spec["targets"],
-        tf.RaggedTensorSpec,
+    mapped = []  # the batch functions batch_sequences maps: `select` (slow), `as_ragged` (fast)
+    original = batching.map_batches
+    monkeypatch.setattr(
+        batching, "map_batches", lambda d, fn: mapped.append(fn.__name__) or original(d, fn)
     )
+
+    plain = chunking.split_tokens(token_dataset(docs), 2)  # variable-length TensorSpec input
+    assert mapped[0] == "select"  # a per-element map, then ragged_batch
+    concatenated = chunking.reduce_concat_tokens(token_dataset(docs))
+    assert isinstance(concatenated.element_spec["targets"], tf.RaggedTensorSpec)
+    del mapped[:]
+    chained = chunking.split_tokens(concatenated, 2)
+    assert mapped[0] == "as_ragged" and "select" not in mapped  # Dataset.batch, no per-element map
     assert [e["targets"] for e in as_lists(plain)] == [[1, 2], [3], [4], [5, 6], [7, 8], [9]]
-    assert [e["targets"] for e in as_lists(chained)] == [[1, 2], [3, 4], [5, 6], [7, 8], [9]]
+    fast = [e["targets"] for e in as_lists(chained)]
+    assert fast == [[1, 2], [3, 4], [5, 6], [7, 8], [9]]
+
+    # The same input forced down the slow path gives the same segments.
+    monkeypatch.setattr(batching, "is_batchable", lambda spec: False)
+    del mapped[:]
+    slow = chunking.split_tokens(chunking.reduce_concat_tokens(token_dataset(docs)), 2)
+    assert mapped.count("select") == 2  # both steps took the per-element map
+    assert [e["targets"] for e in as_lists(slow)] == fast
 
 
 def test_missing_or_untokenized_feature_is_a_clear_error(token_dataset):
