@@ -29,6 +29,7 @@ start token), EOS is 1, and positions after a sequence's EOS hold 0.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -136,7 +137,20 @@ class DecodingConfig:
 
     @classmethod
     def of(cls, config: DecodingConfig | None = None, **overrides) -> DecodingConfig:
-        """`config` (default: `DecodingConfig()`) with `overrides`."""
+        """`config` (default: `DecodingConfig()`) with `overrides`, fields of DecodingConfig.
+
+        Raises:
+          ValueError: for a name that is not a field, with the closest ones.
+        """
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(overrides) - set(fields))
+        if unknown:
+            close = {n: difflib.get_close_matches(n, fields, n=1) for n in unknown}
+            hints = "; ".join(f"{n!r}: did you mean {c[0]!r}?" for n, c in close.items() if c)
+            raise ValueError(
+                f"Unknown decoding option(s) {unknown}{' (' + hints + ')' if hints else ''}; "
+                f"DecodingConfig's fields are {fields}."
+            )
         return dataclasses.replace(config if config is not None else cls(), **overrides)
 
 

@@ -16,6 +16,7 @@ differentiate them; the optimizer stays outside.
 
 from __future__ import annotations
 
+import abc
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
@@ -65,7 +66,7 @@ def _shift_right(targets: jax.Array) -> jax.Array:
     return jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
 
 
-class BaseModel:
+class BaseModel(abc.ABC):
     """What both architectures share: parameters, loss and decoding dispatch.
 
     Attributes:
@@ -159,8 +160,9 @@ class BaseModel:
 
     # -- training ----------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _logits(self, params: nnx.State, batch: Batch, rngs: nnx.Rngs | None) -> jax.Array:
-        raise NotImplementedError
+        """[B, T, V] logits of the target positions (dropout when `rngs` is given)."""
 
     def loss_fn(
         self, params: nnx.State, batch: Batch, dropout_rng: jax.Array | None
@@ -210,18 +212,20 @@ class BaseModel:
 
     # -- decoding ----------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def decoding_setup(
         self, params: nnx.State, batch: Batch, max_decode_length: int, kernel_first: bool = False
     ) -> tuple[decoding.TokensToLogits, Any, jax.Array]:
         """(tokens_to_logits, initial cache, start tokens [B]) for `t2t.decoding`; with
         `kernel_first`, the steps multiply kernel first (`DecodingConfig.kernel_first_steps`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _default_length(self, batch: Batch) -> int:
-        raise NotImplementedError
+        """How many tokens to decode when the config does not say."""
 
+    @abc.abstractmethod
     def _batch_size(self, batch: Batch) -> int:
-        raise NotImplementedError
+        """The number of rows B of `batch`."""
 
     def _cache_offset(self, batch: Batch) -> int:
         """Self-attention cache positions before the first decoded one (a prefilled prompt)."""
@@ -287,7 +291,9 @@ class BaseModel:
         params: nnx.State | Sequence[nnx.State],
         batch: Batch,
         config: decoding.DecodingConfig | None = None,
-        **kwargs,
+        *,
+        rng: jax.Array | None = None,
+        **overrides,
     ) -> jax.Array:
         """Decodes a batch: -> [B, T] int32 output tokens (EOS-terminated, zeros after).
 
@@ -300,9 +306,12 @@ class BaseModel:
             sampling; default: `DecodingConfig()`). Decoding longer than
             its `first_cache_length` runs in phases of a growing self-attention cache (see
             `t2t.decoding`); the tokens do not change.
-          **kwargs: `rng` (sampling), and fields of `DecodingConfig` replacing the config's.
+          rng: a PRNG key; needed by `method="sample"` only.
+          **overrides: fields of `DecodingConfig` replacing the config's (`method`,
+            `beam_size`, `alpha`, `beam_rule`, `max_decode_length`, `min_length`,
+            `temperature`, `top_k`, `top_p`, ...); another name is a ValueError naming them.
         """
-        return self.predict_batch_with_aux(params, batch, config, **kwargs)[0]
+        return self.predict_batch_with_aux(params, batch, config, rng=rng, **overrides)[0]
 
     def _setup_maybe_ensemble(self, params, batch, max_decode_length, kernel_first):
         if isinstance(params, nnx.State):
@@ -315,6 +324,7 @@ class BaseModel:
 
     # -- rank classification -----------------------------------------------------------------
 
+    @abc.abstractmethod
     def rank_classification(
         self, params: nnx.State, batch: Batch, candidates: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
@@ -329,7 +339,6 @@ class BaseModel:
         Returns:
           best [B] int32 candidate index, and scores [B, C] (log-likelihood of each candidate).
         """
-        raise NotImplementedError
 
 
 class EncoderDecoderModel(BaseModel):
@@ -464,35 +473,60 @@ class DecoderOnlyModel(BaseModel):
         return module.decode_step, cache, start
 
     def rank_classification(self, params, batch, candidates):
-        prompt = batch["decoder_input_tokens"]  # [B, W]
-        lengths = self._prompt_lengths(batch)  # [B]
-        candidates = jnp.asarray(candidates, jnp.int32)  # [C, T]
-        num_rows, num_candidates = prompt.shape[0], candidates.shape[0]
-        width = prompt.shape[1] + candidates.shape[1]
-        positions = jnp.arange(width)  # [W + T]
-        # Targets: x_1..x_P from the prompt, then the candidate, then padding.
-        inputs = jnp.take_along_axis(
-            prompt, jnp.clip(positions + 1, 0, prompt.shape[1] - 1)[None], axis=1
-        )  # [B, W + T]
-        offset = positions[None, :] - lengths[:, None]  # [B, W + T]
-        cand = candidates[:, jnp.clip(offset, 0, candidates.shape[1] - 1)]  # [C, B, W + T]
-        cand = jnp.swapaxes(cand, 0, 1)  # [B, C, W + T]
-        in_prompt = (positions[None, :] < lengths[:, None])[:, None, :]
-        targets = jnp.where(in_prompt, inputs[:, None, :], jnp.where(offset[:, None] >= 0, cand, 0))
-        targets = jnp.where(offset[:, None] < candidates.shape[1], targets, 0)
-        targets = targets.reshape(num_rows * num_candidates, width)
-        weights = jnp.logical_and(~in_prompt, targets.reshape(num_rows, num_candidates, -1) > 0)
-        causal = jnp.repeat(
-            (positions[None, :] <= lengths[:, None]).astype(jnp.int32), num_candidates, axis=0
+        num_rows, num_candidates = batch["decoder_input_tokens"].shape[0], candidates.shape[0]
+        scored = candidate_rows(
+            batch["decoder_input_tokens"], self._prompt_lengths(batch), candidates
         )
-        scored = {
-            "decoder_target_tokens": targets,
-            "decoder_input_tokens": _shift_right(targets),
-            "decoder_loss_weights": weights.reshape(num_rows * num_candidates, width),
-            "decoder_causal_attention": causal,
-        }
         scores = self.score_batch(params, scored).reshape(num_rows, num_candidates)
         return jnp.argmax(scores, axis=1).astype(jnp.int32), scores
+
+
+def candidate_rows(prompt: jax.Array, lengths: jax.Array, candidates: jax.Array) -> Batch:
+    """A decoder-only batch scoring every candidate after every prompt: B x C rows, row
+    `b * C + c` holding prompt b followed by candidate c, weighted on the candidate only.
+
+    Example: the prompt row [0, 5, 6, 0] (decoder inputs: 0, then the P = 2 prompt tokens 5 6,
+    then padding to the width W = 4) and candidates [[7, 1, 0], [8, 9, 1]] (T = 3) give rows
+    of width W + T = 7:
+
+        decoder_target_tokens     [5, 6, 7, 1, 0, 0, 0]   [5, 6, 8, 9, 1, 0, 0]
+        decoder_input_tokens      [0, 5, 6, 7, 1, 0, 0]   [0, 5, 6, 8, 9, 1, 0]
+        decoder_loss_weights      [0, 0, 1, 1, 0, 0, 0]   [0, 0, 1, 1, 1, 0, 0]
+        decoder_causal_attention  [1, 1, 1, 0, 0, 0, 0]   (the same for every candidate)
+
+    Args:
+      prompt: [B, W] decoder input tokens of the prompts (0 first, each prompt left-aligned).
+      lengths: [B] prompt lengths P (decoder_causal_attention covers P + 1 positions).
+      candidates: [C, T] EOS-terminated, zero-padded candidate targets.
+
+    Returns:
+      The four decoder-only features, each [B * C, W + T].
+    """
+    candidates = jnp.asarray(candidates, jnp.int32)
+    num_rows, num_candidates = prompt.shape[0], candidates.shape[0]
+    width = prompt.shape[1] + candidates.shape[1]
+    positions = jnp.arange(width)  # [W + T]
+    # Targets: x_1..x_P from the prompt, then the candidate, then padding.
+    inputs = jnp.take_along_axis(
+        prompt, jnp.clip(positions + 1, 0, prompt.shape[1] - 1)[None], axis=1
+    )  # [B, W + T]
+    offset = positions[None, :] - lengths[:, None]  # [B, W + T]: position in the candidate
+    cand = candidates[:, jnp.clip(offset, 0, candidates.shape[1] - 1)]  # [C, B, W + T]
+    cand = jnp.swapaxes(cand, 0, 1)  # [B, C, W + T]
+    in_prompt = (positions[None, :] < lengths[:, None])[:, None, :]
+    targets = jnp.where(in_prompt, inputs[:, None, :], jnp.where(offset[:, None] >= 0, cand, 0))
+    targets = jnp.where(offset[:, None] < candidates.shape[1], targets, 0)
+    weights = jnp.logical_and(~in_prompt, targets > 0)  # [B, C, W + T]
+    targets = targets.reshape(num_rows * num_candidates, width)
+    causal = jnp.repeat(
+        (positions[None, :] <= lengths[:, None]).astype(jnp.int32), num_candidates, axis=0
+    )
+    return {
+        "decoder_target_tokens": targets,
+        "decoder_input_tokens": _shift_right(targets),
+        "decoder_loss_weights": weights.reshape(num_rows * num_candidates, width),
+        "decoder_causal_attention": causal,
+    }
 
 
 def model_for(config: t2t_nn.TransformerConfig, **kwargs) -> BaseModel:

@@ -390,3 +390,37 @@ def test_decoder_only_prefilled_cache_equals_uncached_decoding(decoder_only, fir
     cached, uncached = both(params)
     np.testing.assert_array_equal(cached, uncached)
     assert len(np.unique(np.asarray(cached))) > 5  # Not one repeated token.
+
+
+def test_candidate_rows_worked_example():
+    # The example in t2t.models.candidate_rows's docstring.
+    rows = models.candidate_rows(
+        jnp.array([[0, 5, 6, 0]]), jnp.array([2]), np.array([[7, 1, 0], [8, 9, 1]], np.int32)
+    )
+    expected = {
+        "decoder_target_tokens": [[5, 6, 7, 1, 0, 0, 0], [5, 6, 8, 9, 1, 0, 0]],
+        "decoder_input_tokens": [[0, 5, 6, 7, 1, 0, 0], [0, 5, 6, 8, 9, 1, 0]],
+        "decoder_loss_weights": [[0, 0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0]],
+        "decoder_causal_attention": [[1, 1, 1, 0, 0, 0, 0]] * 2,
+    }
+    assert sorted(rows) == sorted(expected)
+    for name, want in expected.items():
+        np.testing.assert_array_equal(np.asarray(rows[name]).astype(np.int32), want, err_msg=name)
+
+
+def test_a_model_missing_a_method_fails_at_construction_naming_it(pair):
+    class Unfinished(models.BaseModel):  # no rank_classification
+        _logits = models.EncoderDecoderModel._logits
+        decoding_setup = models.EncoderDecoderModel.decoding_setup
+        _default_length = models.EncoderDecoderModel._default_length
+        _batch_size = models.EncoderDecoderModel._batch_size
+
+    with pytest.raises(TypeError, match="rank_classification"):
+        Unfinished(pair[1].config)
+
+
+def test_an_unknown_decoding_option_names_the_fields(pair):
+    _, model, params = pair
+    batch = {"encoder_input_tokens": jnp.ones((1, 4), jnp.int32)}
+    with pytest.raises(ValueError, match="'beamsize': did you mean 'beam_size'"):
+        model.predict_batch(params[0], batch, beamsize=2)
