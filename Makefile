@@ -8,7 +8,7 @@ CONSTRAINTS ?= constraints.txt
 
 DEMO_DIR ?= runs/demo
 
-.PHONY: demo finetune test lint format lock clean-venv
+.PHONY: demo finetune test test-durations lint format lock clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
@@ -29,6 +29,11 @@ finetune: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 --dist loadfile -q tests
+
+# The suite as `make test` runs it, recording each file's seconds into tests/durations.json,
+# from which the suite orders its files (longest first) in later runs.
+test-durations: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadfile -q tests --record-durations=tests/durations.json
 
 # The formatter's check, the linter (pyflakes, pycodestyle, import order) and the layer
 # contracts of docs/architecture.md (pyproject.toml's [tool.importlinter]); part of `make test`.

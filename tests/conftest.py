@@ -5,7 +5,9 @@ meshes (2x4, 8x1) on a machine without accelerators. Tests that do not shard run
 The built-in corpus is built once per session (worker) into a temporary cache directory.
 """
 
+import collections
 import importlib
+import json
 import os
 
 import pytest
@@ -51,30 +53,69 @@ def _default_vocabulary_back_to_the_environment():
     vocab.set_default_vocabulary(None)
 
 
-# Seconds each of the slowest test files takes on 2 cores (`pytest --durations`). Collecting them
-# first lets `-n 2 --dist loadfile` start the long files early, so the two workers finish close
-# together instead of one running a long file alone at the end.
-_SLOW_FILES = {
-    "tests/studies/test_study.py": 216,
-    "tests/test_runs.py": 215,
-    "tests/finetuning/test_runs.py": 200,
-    "tests/nn/test_stacking.py": 198,
-    "tests/test_reliability.py": 165,
-    "tests/nn/test_attention_ops.py": 150,
-    "tests/finetuning/test_chain.py": 144,
-    "tests/test_sharding.py": 99,
-    "tests/test_trainer.py": 93,
-    "tests/test_aot.py": 76,
-    "tests/data/test_tasks.py": 44,
-    "tests/test_wheel.py": 41,
-}
+# Seconds each test file took in the last recorded run on 2 cores (setup, call and teardown of
+# its tests), written by `make test-durations` (`--record-durations=tests/durations.json`), not
+# by hand. Collecting the longest files first lets `-n 2 --dist loadfile` start them early, so
+# the two workers finish close together instead of one running a long file alone at the end.
+_DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test file's total seconds to PATH (JSON) at the end of the session",
+    )
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].replace(os.sep, "/")
+
+
+def file_durations(path: str = _DURATIONS) -> dict[str, float]:
+    """{test file: seconds} of the last recorded run; empty when none was recorded."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)["seconds"]
 
 
 def pytest_collection_modifyitems(config, items):
     root = str(config.rootpath)
+    seconds = file_durations()
 
     def weight(item):
         path = os.path.relpath(str(item.path), root)
-        return -_SLOW_FILES.get(path.replace(os.sep, "/"), 0)
+        return -seconds.get(path.replace(os.sep, "/"), 0.0)
 
     items.sort(key=weight)  # stable: the order within a file is kept
+
+
+class _DurationRecorder:
+    """Adds up each test file's setup, call and teardown times (on the xdist controller, which
+    sees every worker's reports) and writes them when the session ends."""
+
+    def __init__(self, path: str):
+        self.path, self.seconds = path, collections.defaultdict(float)
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[_file_of(report.nodeid)] += report.duration
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        ranked = dict(sorted(self.seconds.items(), key=lambda kv: -kv[1]))
+        with open(self.path, "w") as f:
+            json.dump(
+                {
+                    "command": "make test-durations",
+                    "seconds": {name: round(value, 1) for name, value in ranked.items()},
+                },
+                f,
+                indent=1,
+            )
+            f.write("\n")
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        config.pluginmanager.register(_DurationRecorder(path), "t2t-duration-recorder")

@@ -63,3 +63,39 @@ def test_the_network_loss_optimizer_and_models_import_without_gin_seqio_or_tenso
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def _conftest():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py")
+    spec = importlib.util.spec_from_file_location("t2t_tests_conftest", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_suite_records_its_file_durations_and_orders_by_them(tmp_path):
+    import types
+
+    conftest = _conftest()
+    recorder = conftest._DurationRecorder(str(tmp_path / "durations.json"))
+    for nodeid, seconds in [
+        ("tests/a.py::test_x", 1.0),  # setup, call, teardown of one test add up
+        ("tests/a.py::test_x", 2.5),
+        ("tests/sub/b.py::test_y[1]", 7.0),
+        ("tests/a.py::test_z", 0.5),
+    ]:
+        recorder.pytest_runtest_logreport(types.SimpleNamespace(nodeid=nodeid, duration=seconds))
+    recorder.pytest_sessionfinish(None, 0)
+    seconds = conftest.file_durations(str(tmp_path / "durations.json"))
+    assert list(seconds.items()) == [("tests/sub/b.py", 7.0), ("tests/a.py", 4.0)]
+    assert conftest.file_durations(str(tmp_path / "none.json")) == {}
+
+
+def test_the_recorded_durations_name_only_test_files_that_exist():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    seconds = _conftest().file_durations()
+    assert seconds, "tests/durations.json is missing: run make test-durations"
+    missing = [name for name in seconds if not os.path.exists(os.path.join(root, name))]
+    assert not missing, f"{missing} no longer exist: run make test-durations"
