@@ -482,7 +482,7 @@ def test_two_processes_on_localhost_assemble_one_global_batch(tmp_path):
         port = s.getsockname()[1]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     procs = []
     for pid in range(2):
         env = dict(
