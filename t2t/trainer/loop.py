@@ -601,38 +601,28 @@ class Trainer:
         return results
 
     def _watch(self, results: Mapping[str, float], progress: reporting.Progress) -> bool:
-        """Updates the watchers with an evaluation; returns whether a checkpoint is due (a new
-        best of the early-stopping metric, or the stop)."""
-        due = False
+        """Hands an evaluation to the watchers and acts on their decisions; returns whether a
+        checkpoint is due (a new best of the early-stopping metric, or the stop)."""
         stopping, plateau = self.early_stopping, self.reduce_on_plateau
         if plateau is not None:
-            watch = self.watches["reduce_on_plateau"]
-            value = monitors.metric_value(results, plateau)
-            if not watch.observe(self.step, value, plateau):
-                if watch.cooling:
-                    watch.cooling, watch.since_best = watch.cooling - 1, 0
-                elif watch.since_best >= plateau.patience:
-                    scale = monitors.plateau_scale(self.opt_state)
-                    new = max(scale * plateau.factor, plateau.min_scale)
-                    self.opt_state = monitors.with_plateau_scale(self.opt_state, new)
-                    watch.cooling, watch.since_best = plateau.cooldown, 0
-                    progress.note(
-                        f"step {self.step}: {plateau.metric} has not improved on "
-                        f"{watch.best:.4g} for {plateau.patience} evaluations; update "
-                        f"scale {scale:.3g} -> {new:.3g}"
-                    )
-        if stopping is not None:
-            watch = self.watches["early_stopping"]
-            due = watch.observe(self.step, monitors.metric_value(results, stopping), stopping)
-            if watch.since_best >= stopping.patience:
-                self.stopped_early = self.step
-                progress.note(
-                    f"step {self.step}: stopping early, {stopping.metric} has not "
-                    f"improved for {stopping.patience} evaluations; best "
-                    f"{watch.best:.4g} at step {watch.best_step} (checkpoint kept)"
-                )
-                due = True
-        return due
+            decision = plateau.decide(
+                self.watches["reduce_on_plateau"],
+                self.step,
+                monitors.metric_value(results, plateau),
+                monitors.plateau_scale(self.opt_state),
+            )
+            if decision.scale is not None:
+                self.opt_state = monitors.with_plateau_scale(self.opt_state, decision.scale)
+                progress.note(f"step {self.step}: {decision.note}")
+        if stopping is None:
+            return False
+        decision = stopping.decide(
+            self.watches["early_stopping"], self.step, monitors.metric_value(results, stopping)
+        )
+        if decision.stop:
+            self.stopped_early = self.step
+            progress.note(f"step {self.step}: {decision.note}")
+        return decision.best or decision.stop
 
     # -- checkpoints -----------------------------------------------------------------------------
 

@@ -48,6 +48,19 @@ class EarlyStopping:
     def __post_init__(self):
         _check(self, "EarlyStopping")
 
+    def decide(self, watch: Watch, step: int, value: float) -> Decision:
+        """Records one evaluation in `watch`; stop once `patience` of them in a row did not
+        improve on the best."""
+        best = watch.observe(step, value, self)
+        if watch.since_best < self.patience:
+            return Decision(best=best)
+        return Decision(
+            best=best,
+            stop=True,
+            note=f"stopping early, {self.metric} has not improved for {self.patience} "
+            f"evaluations; best {watch.best:.4g} at step {watch.best_step} (checkpoint kept)",
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class ReduceOnPlateau:
@@ -76,6 +89,26 @@ class ReduceOnPlateau:
             raise ValueError(
                 f"ReduceOnPlateau.min_scale must be in (0, 1], got {self.min_scale!r}."
             )
+
+    def decide(self, watch: Watch, step: int, value: float, scale: float) -> Decision:
+        """Records one evaluation in `watch`; after `patience` of them in a row without
+        improvement (and no cooldown left), the update scale goes from `scale` to
+        `max(scale * factor, min_scale)` and the cooldown starts."""
+        if watch.observe(step, value, self):
+            return Decision(best=True)
+        if watch.cooling:
+            watch.cooling, watch.since_best = watch.cooling - 1, 0
+            return Decision(best=False)
+        if watch.since_best < self.patience:
+            return Decision(best=False)
+        new = max(scale * self.factor, self.min_scale)
+        watch.cooling, watch.since_best = self.cooldown, 0
+        return Decision(
+            best=False,
+            scale=new,
+            note=f"{self.metric} has not improved on {watch.best:.4g} for {self.patience} "
+            f"evaluations; update scale {scale:.3g} -> {new:.3g}",
+        )
 
 
 def _check(watcher, name: str) -> None:
@@ -108,6 +141,23 @@ class Watch:
             return True
         self.since_best += 1
         return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What a watcher makes of one evaluation.
+
+    Attributes:
+      best: the evaluation is the best so far (its checkpoint is worth keeping).
+      stop: training stops here (`EarlyStopping`).
+      scale: the new update scale (`ReduceOnPlateau`), None when it stays.
+      note: what to tell the person watching, None when nothing happened.
+    """
+
+    best: bool
+    stop: bool = False
+    scale: float | None = None
+    note: str | None = None
 
 
 def metric_value(results: dict[str, float], watcher) -> float:
