@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
         return 2
+    if "gin" in sys.modules:  # a command run before in this process locked gin's config;
+        sys.modules["gin"].clear_config()  # each command configures anew (modules it imports
+        # first, e.g. the study runner, may then still register their configurables)
     signals = (
         _stop_at_once_on_signals(args.command)
         if args.command in _TRAINING_COMMANDS

@@ -83,3 +83,32 @@ def test_the_verdict_is_exact_only_when_everything_agrees(change):
         losses, evals, params = _outcome()
         got["pretrain"] = ({**losses, 3: 0.5}, evals, params)
     assert not harness.same_all(got, reference)["exact"]
+
+
+TWO_COMMANDS = """
+import json, sys
+from t2t import cli
+assert cli.main(json.loads(sys.argv[1]) + ["--dry_run"]) == 0
+sys.exit(cli.main(json.loads(sys.argv[2]) + ["--print_commands"]))
+"""
+
+
+def test_two_commands_in_one_process_a_study_after_a_chain(tmp_path):
+    # The chain locks gin's configuration; the study's runner, imported after, registers its
+    # configurables all the same (it raised "Attempted to add a new configurable after the
+    # config was locked", exit 1).
+    import json
+    import subprocess
+    import sys
+
+    chain, study = _argv("chain", tmp_path), _argv("study", tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_COMMANDS, json.dumps(chain), json.dumps(study)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": REPO},
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "internal error" not in done.stderr
