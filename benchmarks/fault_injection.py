@@ -327,7 +327,7 @@ def run(
                     f.seek(offset)
                     said = _SIGTERM_SAVED.search(f.read())
                 stopped_at = int(said.group(1)) if said else None
-                stopped_in = os.path.relpath(said.group(2).decode(), root) if said else None
+                stopped_in = _model_dir_of(said.group(2).decode(), root) if said else None
                 damaged = {
                     name: damaged_steps
                     for name in model_dirs(root)
@@ -403,6 +403,14 @@ def run(
         "stops": stops,
         "episodes": episodes,
     }
+
+
+def _model_dir_of(saved_in: str, root: str) -> str:
+    """The model directory (relative to `root`) of the path a SIGTERM message names (the
+    checkpoints directory)."""
+    if os.path.basename(os.path.normpath(saved_in)) == "checkpoints":
+        saved_in = os.path.dirname(os.path.normpath(saved_in))
+    return os.path.relpath(saved_in, root)
 
 
 def _brief(steps: dict[str, list[int]]) -> str:

@@ -112,3 +112,14 @@ def test_two_commands_in_one_process_a_study_after_a_chain(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "internal error" not in done.stderr
+
+
+def test_a_sigterm_message_is_traced_to_its_model_directory():
+    said = (
+        b"t2t chain: stopped by SIGTERM at step 5; its checkpoint is saved in "
+        b"/w/episode_0/finetune/checkpoints. Run the same command again to resume from it."
+    )
+    found = harness._SIGTERM_SAVED.search(said)
+    assert int(found.group(1)) == 5
+    assert harness._model_dir_of(found.group(2).decode(), "/w/episode_0") == "finetune"
+    assert harness._model_dir_of("/w/run/checkpoints", "/w/run") == "."
