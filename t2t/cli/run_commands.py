@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from t2t.cli.gin_flags import add_gin_flags, configure, ints
+from t2t.errors import UserError
 
 
 def add_train(subparsers) -> None:
@@ -123,6 +124,19 @@ def add_study(subparsers) -> None:
         help="print every run's t2t train commands; train nothing",
     )
     parser.add_argument(
+        "--plan",
+        metavar="STUDY_JSON",
+        help="train nothing; print the grid's size and the seeds each pair of arms the paper "
+        "scores needs, from the per-seed spread of a finished study (its study.json)",
+    )
+    parser.add_argument(
+        "--plan_arms",
+        type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
+        default=[],
+        help="with --plan: only these arms of the finished study give the spread "
+        "(comma-separated names; default: all of them)",
+    )
+    parser.add_argument(
         "--aggregate_only",
         action="store_true",
         help="train nothing; aggregate the runs that have results",
@@ -148,6 +162,14 @@ def add_study(subparsers) -> None:
             )
         configure(args)
         overrides = {"print_commands": args.print_commands, "aggregate_only": args.aggregate_only}
+        if args.plan:
+            if not os.path.isfile(args.plan):
+                raise UserError(
+                    f"--plan needs a finished study's study.json; {args.plan!r} is not a file "
+                    "(e.g. studies/results/builtin_tiny/pretraining/study.json)."
+                )
+            overrides["plan_from"] = args.plan
+            overrides["plan_arms"] = args.plan_arms
         if args.study_dir:
             overrides["study_dir"] = args.study_dir
         if args.seeds:

@@ -1,0 +1,94 @@
+"""Planning a study's seeds: Welch's test's power from the noncentral t distribution (Cohen's
+table values), the paper's gap carried to our benchmark, the spread read from a study.json, and
+`t2t study --plan` on a micro study."""
+
+import json
+
+import pytest
+
+from t2t import cli
+from t2t.studies import power
+
+from .test_study import MICRO, SMALL
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builtin(builtin_tasks):
+    return builtin_tasks
+
+
+@pytest.fixture
+def micro(tmp_path):
+    path = tmp_path / "micro.gin"
+    path.write_text(f"SMALL = {SMALL!r}\n" + MICRO)
+    return str(path)
+
+
+@pytest.mark.parametrize("effect, seeds", [(1.0, 17), (0.8, 26), (0.5, 64)])
+def test_seeds_for_a_gap_in_standard_deviations_match_cohens_table(effect, seeds):
+    # Two-sided alpha 0.05, power 0.8, equal spreads: Cohen (1988), Table 2.4.1.
+    assert power.seeds_needed(effect * 3.0, 3.0, 3.0) == seeds
+    assert power.welch_power(effect * 3.0, 3.0, 3.0, seeds) >= 0.8
+    assert power.welch_power(effect * 3.0, 3.0, 3.0, seeds - 1) < 0.8
+
+
+def test_unequal_spreads_need_more_seeds_than_their_pooled_average_suggests():
+    # Welch's degrees of freedom fall when one arm carries most of the variance.
+    assert power.seeds_needed(2.0, 0.5, 2.5) >= power.seeds_needed(2.0, 1.8, 1.8)
+    assert power.seeds_needed(0.0, 1.0, 1.0) is None
+    assert power.seeds_needed(0.01, 10.0, 10.0, max_seeds=50) is None
+
+
+def test_the_papers_gap_is_carried_as_a_fraction_of_the_room_above_the_constant_baseline():
+    # The module docstring's example: Table 1's 83.28 vs 66.22 with our best arm 62.9 and the
+    # constant baseline 24.2.
+    assert power.expected_gap(83.28, 66.22, 62.9, 24.2) == pytest.approx(7.93, abs=0.01)
+    assert power.expected_gap(66.22, 83.28, 62.9, 24.2) == power.expected_gap(
+        83.28, 66.22, 62.9, 24.2
+    )
+
+
+def _study_json(path):
+    result = {
+        "arms": {
+            "a": {"suite": {"n": 3, "mean": 70.0, "std": 3.0}},
+            "b": {"suite": {"n": 3, "mean": 60.0, "std": 4.0}},
+            "one seed": {"suite": {"n": 1, "mean": 90.0, "std": 0.0}},
+        },
+        "baselines": {"t1": 20.0, "t2": 30.0},
+    }
+    path.write_text(json.dumps(result))
+    return result
+
+
+def test_the_spread_of_a_finished_study(tmp_path):
+    spread = power.spread_of(_study_json(tmp_path / "study.json"))
+    assert spread["arm_stds"] == {"a": 3.0, "b": 4.0}  # one seed has no spread
+    assert spread["pooled_std"] == pytest.approx(12.5**0.5)
+    assert (spread["best"], spread["constant"]) == (90.0, 25.0)
+
+
+def test_the_spread_of_chosen_arms(tmp_path):
+    result = _study_json(tmp_path / "study.json")
+    spread = power.spread_of(result, ["b"])
+    assert (spread["pooled_std"], spread["best"], spread["arm_stds"]) == (4.0, 60.0, {"b": 4.0})
+    with pytest.raises(ValueError, match=r"no arms \['c'\]"):
+        power.spread_of(result, ["c"])
+    with pytest.raises(ValueError, match="No arm with two or more seeds"):
+        power.spread_of(result, ["one seed"])
+
+
+def test_plan_prints_the_grid_and_the_seeds_of_each_paper_pair(micro, tmp_path, capsys):
+    _study_json(tmp_path / "study.json")
+    argv = ["study", f"--gin_file={micro}", f"--study_dir={tmp_path / 's'}"]
+    assert cli.main([*argv, f"--plan={tmp_path / 'study.json'}"]) == 0
+    out = capsys.readouterr().out
+    assert "micro: 2 arms x 1 tasks x 2 seeds = 4 runs" in out
+    # Table 1, GLUE: 83.28 vs 66.22 -> 17.06 / 83.28 of (90 - 25) = 13.32 points; pooled std
+    # 3.54 for both arms.
+    gap = 17.06 / 83.28 * 65.0
+    seeds = power.seeds_needed(gap, 12.5**0.5, 12.5**0.5)
+    assert f"| pre-trained vs no pre-training | 83.28 vs 66.22 | {gap:.2f} | {seeds} |" in out
+    assert not (tmp_path / "s").exists()  # nothing trained
+    assert cli.main([*argv, f"--plan={tmp_path / 'missing.json'}"]) == 2
+    assert "--plan needs a finished study's study.json" in capsys.readouterr().err
