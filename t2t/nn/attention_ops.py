@@ -36,6 +36,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from t2t.nn import axes, layers, masks
 from t2t.nn.config import ATTENTION_IMPLS as IMPLEMENTATIONS
@@ -304,7 +305,13 @@ def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype) -> jax.Arr
     return jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+# The checkpoint name of the softmax's normalizer (the log of each row's sum of exponentials,
+# [B, N, L, 1] float32): the rematerialization policies keep it (`t2t.nn.stacking`), so the
+# backward pass rebuilds the probabilities from the recomputed logits without the reduction over
+# the keys, which reads all [B, N, L, S] logits once more per layer.
+SOFTMAX_NORMALIZER = "attention_softmax_normalizer"
+
+
 def softmax(
     logits: jax.Array, bias: jax.Array | None, visibility: masks.Visibility, dtype
 ) -> jax.Array:
@@ -317,17 +324,22 @@ def softmax(
       dtype: the dtype of the probabilities.
 
     Returns:
-      [B, N, L, S] probabilities in `dtype`.
-
-    NOTE: one function with its own gradient so that XLA sees the whole of it inside the
-    layer: the mask is rebuilt from its [B, L]-sized parts in the kernels that use it (as a
-    separate step, the mask's [B, 1, L, S] additive form is loop-invariant, and JAX hoists it
-    out of a scanned stack as an array every kernel then reads: 13 GB per step for T5.1.1-base
-    at batch 2048 on v5e:4x4), and the gradient is computed from the returned probabilities,
-    which the second matmul reads anyway, so the backward pass keeps nothing else of size
-    [B, N, L, S]. In float32 this is `jax.nn.softmax` of the masked, biased logits, with the
-    same gradient.
+      [B, N, L, S] probabilities in `dtype`; in float32 `jax.nn.softmax` of the masked, biased
+      logits, with the same gradient.
     """
+    # The normalizer carries no gradient of its own (the softmax's gradient below is complete
+    # without it) and is named, so a rematerialized layer keeps it instead of recomputing it.
+    log_sum = _log_normalizer(
+        jax.lax.stop_gradient(logits),
+        None if bias is None else jax.lax.stop_gradient(bias),
+        visibility,
+    )
+    log_sum = checkpoint_name(log_sum, SOFTMAX_NORMALIZER)
+    return _normalized(logits, bias, visibility, log_sum, dtype)
+
+
+def _masked_logits(logits, bias, visibility: masks.Visibility) -> jax.Array:
+    """float32 `logits + bias`, -1e10 where a query may not see a key: [B, N, L, S]."""
     x = logits.astype(jnp.float32)
     if bias is not None:
         x = x + bias.astype(jnp.float32)  # [1 or B, N, L, S] broadcast in the kernel
@@ -336,23 +348,54 @@ def softmax(
         # 0 where visible, -1e10 where masked; scalar arithmetic, not `jnp.where`, whose
         # broadcast constants JAX would hoist out of a scanned stack as full-size arrays.
         x = x + (mask.astype(jnp.float32) - 1.0) * -MASKED_LOGIT
-    # NOTE: as exp(x - logsumexp(x)), so the normalizing kernel recomputes the exponential
-    # from the (compute-dtype) logits; `x / sum(x)` after `exp` has XLA store the float32
-    # exponentials [B, N, L, S] between its two kernels.
+    return x
+
+
+@jax.custom_vjp
+def _log_normalizer(logits, bias, visibility: masks.Visibility) -> jax.Array:
+    """log(sum(exp(x))) over the keys of the masked, biased logits x: [B, N, L, 1] float32.
+
+    NOTE: a function with its own (zero) gradient only to keep the mask inside it, out of
+    reach of the loop-invariant hoisting described at `_normalized`; it is only ever called
+    on values without a gradient.
+    """
+    x = _masked_logits(logits, bias, visibility)
     peak = jnp.max(x, axis=-1, keepdims=True)
-    log_sum = peak + jnp.log(jnp.sum(jnp.exp(x - peak), axis=-1, keepdims=True))
-    return jnp.exp(x - log_sum).astype(dtype)
+    return peak + jnp.log(jnp.sum(jnp.exp(x - peak), axis=-1, keepdims=True))
 
 
-def _softmax_forward(logits, bias, visibility, dtype):
-    probabilities = softmax(logits, bias, visibility, dtype)
+_log_normalizer.defvjp(
+    lambda logits, bias, visibility: (_log_normalizer(logits, bias, visibility), None),
+    lambda residuals, grad: (None, None, None),
+)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _normalized(logits, bias, visibility: masks.Visibility, log_sum, dtype) -> jax.Array:
+    """exp(x - log_sum) of the masked, biased logits x, in `dtype`.
+
+    NOTE: one function with its own gradient so that XLA sees the whole of it inside the
+    layer: the mask is rebuilt from its [B, L]-sized parts in the kernels that use it (as a
+    separate step, the mask's [B, 1, L, S] additive form is loop-invariant, and JAX hoists it
+    out of a scanned stack as an array every kernel then reads: 13 GB per step for T5.1.1-base
+    at batch 2048 on v5e:4x4), and the gradient is computed from the returned probabilities,
+    which the second matmul reads anyway, so the backward pass keeps nothing else of size
+    [B, N, L, S]. As exp(x - log_sum), the kernel recomputes the exponential from the
+    (compute-dtype) logits; `x / sum(x)` after `exp` has XLA store the float32 exponentials
+    [B, N, L, S] between two kernels.
+    """
+    return jnp.exp(_masked_logits(logits, bias, visibility) - log_sum).astype(dtype)
+
+
+def _normalized_forward(logits, bias, visibility, log_sum, dtype):
+    probabilities = _normalized(logits, bias, visibility, log_sum, dtype)
     # Empty arrays that carry the logits' dtype and the bias's rows and dtype to the backward.
     logits_like = jnp.zeros((0,), logits.dtype)
     bias_like = None if bias is None else jnp.zeros((bias.shape[0], 0), bias.dtype)
     return probabilities, (probabilities, logits_like, bias_like)
 
 
-def _softmax_backward(dtype, residuals, grad):
+def _normalized_backward(dtype, residuals, grad):
     del dtype
     probabilities, logits_like, bias_like = residuals
     p = probabilities.astype(jnp.float32)
@@ -365,10 +408,10 @@ def _softmax_backward(dtype, residuals, grad):
         else:
             dbias = dx
         dbias = dbias.astype(bias_like.dtype)
-    return dx.astype(logits_like.dtype), dbias, None
+    return dx.astype(logits_like.dtype), dbias, None, None
 
 
-softmax.defvjp(_softmax_forward, _softmax_backward)
+_normalized.defvjp(_normalized_forward, _normalized_backward)
 
 
 def _cudnn(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:

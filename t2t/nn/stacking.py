@@ -26,15 +26,25 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from t2t.nn import axes
+from t2t.nn import attention_ops, axes
 from t2t.pytrees import is_variable
 
-# remat_policy -> the `jax.checkpoint` policy (None: no rematerialization; "full" saves nothing).
+# What every rematerialized layer keeps besides its policy's arrays: the attention softmax's
+# normalizer ([B, N, L, 1] per attention; `t2t.nn.attention_ops.SOFTMAX_NORMALIZER`), so the
+# backward pass does not read the [B, N, L, S] logits once more to recompute it.
+_KEPT = jax.checkpoint_policies.save_only_these_names(attention_ops.SOFTMAX_NORMALIZER)
+
+# remat_policy -> the `jax.checkpoint` policy (None: no rematerialization; "full" keeps only
+# the softmax normalizers).
 REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_with_no_batch_dims": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "full": _KEPT,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots, _KEPT
+    ),
+    "dots_with_no_batch_dims": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _KEPT
+    ),
 }
 
 LAYERS_MODULE = "layers"  # the stacked module's attribute (and path component) when scanned

@@ -217,6 +217,9 @@ def test_no_batch_sized_bias_crosses_the_layers_of_the_training_program(architec
     assert not batch_sized, batch_sized
     position_bias = [s for s in shapes if len(s) == 4 and s[0] == 1 and s[1] == HEADS]
     assert position_bias, shapes  # the layers do receive the [1, N, L, S] bias
+    # What the remat policy keeps per layer: the softmax normalizers [layers, B, N, L, 1].
+    kept = [s for s in shapes if len(s) == 5 and s[1:3] == (rows, HEADS) and s[4] == 1]
+    assert {s[3] for s in kept} == set(lengths), shapes
 
 
 def test_auto_picks_cudnn_only_for_the_encoder_on_gpus_in_bfloat16():
