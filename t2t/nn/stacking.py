@@ -11,7 +11,9 @@ Two configuration fields of the network choose, and neither changes what is comp
   recomputed (`jax.checkpoint`). "none" keeps everything XLA wants; "full" keeps only each
   layer's input; "dots" keeps every matmul output; "dots_with_no_batch_dims" keeps the outputs
   of the projections (matmuls without batch dimensions: q/k/v/o, MLP, logits) and recomputes
-  attention scores, softmax, norms and activations.
+  attention scores, softmax, norms and activations. Every policy also keeps the attention
+  softmax's normalizers (`[B, N, L, 1]`), so recomputing the probabilities reads the logits
+  once, not twice.
 
 Each layer draws its dropout from its own key, split from one key per stack, so the scanned and
 the unrolled stacks give the same masks.
