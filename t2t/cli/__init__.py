@@ -123,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if gin_bindings and not hasattr(args, "gin_file"):
         print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
         return 2
-    if "gin" in sys.modules:  # a command run before in this process locked gin's config;
-        sys.modules["gin"].clear_config()  # each command configures anew (modules it imports
-        # first, e.g. the study runner, may then still register their configurables)
+    # Each command configures gin anew; one run before it in this process (a notebook, the
+    # Python API) left the configuration locked, and a module the command imports before
+    # configuring (the study runner) could not register its configurables.
+    if "gin" in sys.modules:
+        sys.modules["gin"].clear_config()
     signals = (
         _stop_at_once_on_signals(args.command)
         if args.command in _TRAINING_COMMANDS

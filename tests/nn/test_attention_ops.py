@@ -325,7 +325,8 @@ def test_cudnn_matches_xla_in_loss_and_gradients_on_a_gpu(packed):
         np.testing.assert_allclose(got, want, atol=3e-2 * scale, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("packed, mesh", [(False, None), (True, None), (True, (2, 2))])
+# Packed rows are checked sharded (the harder case; the unsharded kernel is checked unpacked).
+@pytest.mark.parametrize("packed, mesh", [(False, None), (True, (2, 2))])
 def test_pallas_flash_matches_xla_in_loss_and_gradients(monkeypatch, packed, mesh):
     """TPU flash attention, run by Pallas's TPU interpreter on the CPU: the encoder's 128-long
     self-attention on flash (the 8-long decoder sites stay on XLA), with the position bias and
