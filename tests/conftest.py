@@ -7,8 +7,11 @@ The built-in corpus is built once per session (worker) into a temporary cache di
 
 import collections
 import importlib
+import importlib.util
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -17,6 +20,20 @@ if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One persistent XLA compilation cache per test session, shared by the xdist workers and by the
+# training runs tests start as subprocesses (they inherit the environment): the tiny models'
+# train and eval steps then compile once per session instead of once per process (the suite
+# starts a few hundred such processes). The controller, which imports this file before it
+# starts the workers, makes the directory; it is new each session and removed at its end, so
+# no executable outlives the code that compiled it. A size limit turns on JAX's file lock around
+# reads and writes, so a worker never reads an entry another one is still writing.
+_CACHE_OWNER = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _CACHE_OWNER:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="t2t-tests-xla-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    if importlib.util.find_spec("filelock") is not None:
+        os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 
 @pytest.fixture(scope="session")
@@ -119,3 +136,8 @@ def pytest_configure(config):
     path = config.getoption("--record-durations")
     if path and not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         config.pluginmanager.register(_DurationRecorder(path), "t2t-duration-recorder")
+
+
+def pytest_unconfigure(config):
+    if _CACHE_OWNER and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
