@@ -51,9 +51,9 @@ SMALL = [  # the suite's shrunk demo network (tests/test_runs.py), checkpointing
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
     "BATCH_SIZE=8",
     "t2t.runs.train.progress=False",
-    "t2t.runs.train.num_predictions=0",
+    "t2t.runs.EvalOptions.num_predictions=0",
     "t2t.runs.train.log_every=1",
-    "t2t.runs.train.eval_every=None",
+    "t2t.runs.EvalOptions.every=None",
 ]
 PREEMPTED = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE
 TARGETS = ("train", "chain", "study")
@@ -63,20 +63,20 @@ DEFAULT_OUT = os.path.join(RESULTS, "fault_injection.json")
 FINETUNE = [
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
     "BATCH_SIZE=8",
-    "t2t.runs.train.eval_steps=2",
+    "t2t.runs.EvalOptions.steps=2",
     "t2t.runs.train.progress=False",
-    "t2t.runs.train.num_predictions=0",
+    "t2t.runs.EvalOptions.num_predictions=0",
     "t2t.runs.train.log_every=1",
 ]
 # The micro study (tests/studies/test_study.py's, one seed): a shared pretraining, then one
 # fine-tuning and one run from scratch on builtin_order, each scored.
 STUDY = """\
 include 'studies/profiles/builtin_tiny.gin'
-PRETRAIN_STEPS = ["TRAIN_STEPS = {steps}", "t2t.runs.train.checkpoint_every = {every}"]
-FINETUNE_BINDINGS = ["TRAIN_STEPS = {steps}", "t2t.runs.train.eval_every = {every}",
-                     "t2t.runs.train.checkpoint_every = {every}",
-                     "t2t.runs.train.num_predictions = 0", "t2t.runs.train.progress = False",
-                     "t2t.runs.train.keep_checkpoints = 1", "t2t.runs.train.log_every = 1"]
+PRETRAIN_STEPS = ["TRAIN_STEPS = {steps}", "t2t.runs.CheckpointOptions.every = {every}"]
+FINETUNE_BINDINGS = ["TRAIN_STEPS = {steps}", "t2t.runs.EvalOptions.every = {every}",
+                     "t2t.runs.CheckpointOptions.every = {every}",
+                     "t2t.runs.EvalOptions.num_predictions = 0", "t2t.runs.train.progress = False",
+                     "t2t.runs.CheckpointOptions.keep = 1", "t2t.runs.train.log_every = 1"]
 t2t.studies.run.name = "fault_injection"
 t2t.studies.run.tasks = ["builtin_order"]
 t2t.studies.run.seeds = [0]
@@ -120,13 +120,13 @@ def write_spec(target: str, workdir: str, steps: int, checkpoint_every: int) -> 
         pretrain = [
             *SMALL,
             f"TRAIN_STEPS={steps}",
-            f"t2t.runs.train.checkpoint_every={checkpoint_every}",
+            f"t2t.runs.CheckpointOptions.every={checkpoint_every}",
         ]
         finetune = [
             *FINETUNE,
             f"TRAIN_STEPS={steps}",
-            f"t2t.runs.train.checkpoint_every={checkpoint_every}",
-            f"t2t.runs.train.eval_every={checkpoint_every}",
+            f"t2t.runs.CheckpointOptions.every={checkpoint_every}",
+            f"t2t.runs.EvalOptions.every={checkpoint_every}",
         ]
         text = (
             "import t2t.chain\n"
@@ -165,7 +165,7 @@ def command(
         *SMALL,
         f"MODEL_DIR='{model_dir}'",
         f"TRAIN_STEPS={steps}",
-        f"t2t.runs.train.checkpoint_every={checkpoint_every}",
+        f"t2t.runs.CheckpointOptions.every={checkpoint_every}",
     ]
     return [*cli, "train", f"--gin_file={DEMO}", *[f"--gin.{b}" for b in bindings]]
 

@@ -80,9 +80,9 @@ def run_method(name: str, demo: str, steps: int, out_dir: str) -> dict:
         f"INIT_CHECKPOINT='{demo}'",
         f"MODEL_DIR='{model_dir}'",
         f"TRAIN_STEPS={steps}",
-        f"t2t.runs.train.eval_every={half}",
-        f"t2t.runs.train.checkpoint_every={half}",
-        "t2t.runs.train.num_predictions=0",
+        f"t2t.runs.EvalOptions.every={half}",
+        f"t2t.runs.CheckpointOptions.every={half}",
+        "t2t.runs.EvalOptions.num_predictions=0",
         "t2t.runs.train.progress=False",
         *[b.format(half=half).replace(" = ", "=") for b in bindings],
     ]

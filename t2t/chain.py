@@ -51,7 +51,7 @@ class Stage:
       bindings: gin bindings after the files (as `--gin.NAME=VALUE` without the prefix).
       select: which checkpoint the next stage starts from: "last", or a metric name whose best
         saved evaluation wins (the stage then keeps that checkpoint: the metric is added to its
-        `t2t.runs.train.best_metrics`).
+        `t2t.runs.CheckpointOptions.best_metrics`).
       directory: where the stage trains (default `<chain model_dir>/<name>`); chains sharing a
         stage (a study's pretraining, used by every task) give it one directory, and all but
         the first find it finished.
@@ -245,21 +245,22 @@ def _check_source(spec: str | None) -> None:
 
 
 def _check_tasks() -> None:
-    """The task and eval tasks the configured `t2t.runs.train` names are registered."""
+    """The task and eval tasks the configured run names are registered."""
     from t2t import runs
     from t2t.data import registry
     from t2t.errors import UserError
 
     # References unresolved: a stage's MODEL_CONFIG may read a checkpoint an earlier stage
     # has yet to write; only the macros naming tasks are resolved.
-    bound = gin.get_bindings("t2t.runs.train", resolve_references=False)
-    bound = {name: _macro_value(bound.get(name)) for name in ("mixture_or_task", "eval_tasks")}
-    task = bound.get("mixture_or_task")
+    data = gin.get_bindings("t2t.runs.DataOptions", resolve_references=False)
+    evaluation = gin.get_bindings("t2t.runs.EvalOptions", resolve_references=False)
+    task = _macro_value(data.get("mixture_or_task"))
     if not isinstance(task, str):
         raise UserError(
-            "The stage's files bind no task: set MIXTURE_OR_TASK (t2t.runs.train.mixture_or_task)."
+            "The stage's files bind no task: set MIXTURE_OR_TASK "
+            "(t2t.runs.DataOptions.mixture_or_task)."
         )
-    names = [task, *(bound.get("eval_tasks") or ())]
+    names = [task, *(_macro_value(evaluation.get("tasks")) or ())]
     runs.import_task_modules((), names)
     for name in names:
         registry.get_task_or_mixture(name)  # raises with the nearest registered names
@@ -297,13 +298,16 @@ def _stage_bindings(
     if stage.select != "last":
         runs.configure(stage.gin_files, result, search_paths, finalize=False)
         bound = dict(
-            gin.get_bindings("t2t.runs.train", resolve_references=False).get("best_metrics") or {}
+            gin.get_bindings("t2t.runs.CheckpointOptions", resolve_references=False).get(
+                "best_metrics"
+            )
+            or {}
         )
         if stage.select not in bound:
             from t2t.evaluation import higher_is_better
 
             bound[stage.select] = "max" if higher_is_better(stage.select) else "min"
-            result.append(f"t2t.runs.train.best_metrics = {bound!r}")
+            result.append(f"t2t.runs.CheckpointOptions.best_metrics = {bound!r}")
     return result
 
 

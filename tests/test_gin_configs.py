@@ -6,9 +6,11 @@ evaluate/infer/export) would receive: network config, model, optimizer on a smal
 tree, learning-rate schedule. Big presets are built as configs only (no parameters).
 """
 
+import dataclasses
 import glob
 import json
 import os
+import re
 
 import gin
 import jax
@@ -23,6 +25,7 @@ from t2t import models, runs
 from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.nn.config import TransformerConfig
+from t2t.runs.externals import EXTERNALS
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 FILES = sorted(os.path.relpath(p, GIN_DIR) for p in glob.glob(os.path.join(GIN_DIR, "*/*.gin")))
@@ -87,19 +90,58 @@ def test_a_misspelt_macro_binding_is_refused_with_a_suggestion():
 
 
 def test_a_misspelt_parameter_binding_is_refused_with_a_suggestion():
-    """Issue 33: gin's own message named the parameter it did not know and nothing else."""
+    """Issue 33: gin's own message named the parameter it did not know and nothing else. For
+    `train`, the fields of its option groups are candidates too."""
     with pytest.raises(
-        ValueError, match=r"named 'batchsize'(.|\n)*Did you mean t2t\.runs\.train\.batch_size\?"
+        ValueError,
+        match=r"named 'batchsize'(.|\n)*Did you mean t2t\.runs\.DataOptions\.batch_size\?",
     ):
         _parse(
             ["experiments/tiny_builtin_demo.gin"],
             ["MODEL_DIR = '/tmp/unused'", "t2t.runs.train.batchsize = 4"],
         )
-    with pytest.raises(ValueError, match=r"t2t\.runs\.train takes: model_dir, mixture_or_task"):
+    with pytest.raises(
+        ValueError,
+        match=r"t2t\.runs\.train takes: model_dir, train_steps, data, (.|\n)*"
+        r"t2t\.runs\.DataOptions\.mixture_or_task",
+    ):
         _parse(
             ["experiments/tiny_builtin_demo.gin"],
             ["MODEL_DIR = '/tmp/unused'", "t2t.runs.train.zzzzzz = 4"],
         )
+    with pytest.raises(ValueError, match=r"Did you mean t2t\.runs\.CheckpointOptions\.keep\?"):
+        _parse(
+            ["experiments/tiny_builtin_demo.gin"],
+            ["MODEL_DIR = '/tmp/unused'", "t2t.runs.CheckpointOptions.kep = 4"],
+        )
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("checkpoint_every", "t2t.runs.CheckpointOptions.every"),
+        ("eval_tasks", "t2t.runs.EvalOptions.tasks"),
+        ("max_train_examples", "t2t.runs.DataOptions.max_examples"),
+    ],
+)
+def test_an_option_bound_by_its_former_name_says_where_it_went(old, new):
+    with pytest.raises(ValueError, match=rf"t2t\.runs\.train\.{old} is now {re.escape(new)} "):
+        _parse(
+            ["experiments/tiny_builtin_demo.gin"],
+            ["MODEL_DIR = '/tmp/unused'", f"t2t.runs.train.{old} = 5"],
+        )
+
+
+def test_every_former_option_names_an_existing_field():
+    from t2t.runs.train_run import MOVED_OPTIONS, OPTION_GROUPS
+
+    fields = {
+        f"t2t.runs.{group.__name__}.{field.name}"
+        for group in OPTION_GROUPS
+        for field in dataclasses.fields(group)
+    }
+    assert set(MOVED_OPTIONS.values()) <= fields
+    assert len(set(MOVED_OPTIONS.values())) == len(MOVED_OPTIONS)
 
 
 def test_the_four_kinds_are_all_there():
@@ -152,7 +194,12 @@ def _train_bindings(name, hf_directory, tmp_path):
             "import t2t.data.tasks.builtin",
         ]
     _parse(files, bindings)
-    return gin.get_bindings("t2t.runs.train")
+    bound = dict(gin.get_bindings("t2t.runs.train"))
+    groups = {name: EXTERNALS[f"t2t.runs.{name}"]() for name in ("DataOptions", "EvalOptions")}
+    groups["CheckpointOptions"] = EXTERNALS["t2t.runs.CheckpointOptions"]()  # each checks itself
+    data = groups["DataOptions"]
+    bound.update({field.name: getattr(data, field.name) for field in dataclasses.fields(data)})
+    return bound
 
 
 @pytest.mark.parametrize("name", TRAIN_FILES)
@@ -261,6 +308,7 @@ def test_finetuning_files_bind_a_method_that_wraps_the_optimizer(name, hf_direct
     stem = os.path.basename(name)[:-4]
     if stem in additions:
         assert additions[stem] in config.additions and fraction < 0.5
-        assert stem != "prompt_tuning" or bound["pack"] is False
+        pack = gin.get_bindings("t2t.runs.DataOptions").get("pack")
+        assert stem != "prompt_tuning" or pack is False
     else:
         assert config.additions == {} and 0 < fraction <= 1

@@ -32,10 +32,10 @@ SMALL = [
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
     "BATCH_SIZE=8",
     "t2t.runs.train.progress=False",
-    "t2t.runs.train.num_predictions=0",
+    "t2t.runs.EvalOptions.num_predictions=0",
     "t2t.runs.train.log_every=1",
-    "t2t.runs.train.eval_every=None",
-    "t2t.runs.train.checkpoint_every=3",
+    "t2t.runs.EvalOptions.every=None",
+    "t2t.runs.CheckpointOptions.every=3",
 ]
 
 
@@ -539,7 +539,7 @@ def test_another_input_pipeline_is_refused_without_calling_the_checkpoint_damage
     assert cli.main(_argv(run, 2)) == 0
     capsys.readouterr()
     # Unpacked batches are another tf.data graph: the saved position cannot be restored into it.
-    assert cli.main(_argv(run, 4, "--gin.t2t.runs.train.pack=False")) == 2
+    assert cli.main(_argv(run, 4, "--gin.t2t.runs.DataOptions.pack=False")) == 2
     err = capsys.readouterr().err
     assert "The checkpoint of step 2" in err and "is intact" in err and "Nothing was moved" in err
     assert not (run / "damaged_checkpoints").exists()

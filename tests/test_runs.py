@@ -29,7 +29,7 @@ SMALL = [  # a smaller network and batch than the demo's, same data and objectiv
     "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 16}",
     "BATCH_SIZE = 8",
     "t2t.runs.train.progress = False",
-    "t2t.runs.train.num_predictions = 0",
+    "t2t.runs.EvalOptions.num_predictions = 0",
 ]
 
 
@@ -55,8 +55,8 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
         f"--gin.MODEL_DIR='{tmp_path}'",
         *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
         "--gin.TRAIN_STEPS=40",
-        "--gin.t2t.runs.train.eval_every=40",
-        "--gin.t2t.runs.train.checkpoint_every=40",
+        "--gin.t2t.runs.EvalOptions.every=40",
+        "--gin.t2t.runs.CheckpointOptions.every=40",
     ]
     code = cli.main(argv)
     assert code == 0
@@ -85,7 +85,7 @@ def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
             f"--gin.MODEL_DIR='{tmp_path}'",
             *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
             "--gin.TRAIN_STEPS=4",
-            "--gin.t2t.runs.train.checkpoint_every=2",
+            "--gin.t2t.runs.CheckpointOptions.every=2",
             "--gin.t2t.optim.inverse_sqrt.scale=1e30",
         ]
     )
@@ -121,9 +121,9 @@ KILLED_RUN = textwrap.dedent("""
 def test_killed_run_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path):
     settings = [
         "TRAIN_STEPS = 9",
-        "t2t.runs.train.checkpoint_every = 3",
+        "t2t.runs.CheckpointOptions.every = 3",
         "t2t.runs.train.log_every = 1",
-        "t2t.runs.train.eval_every = None",
+        "t2t.runs.EvalOptions.every = None",
     ]
     straight = tmp_path / "straight"
     _train(straight, *settings)
@@ -163,7 +163,7 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
 
     monkeypatch.setattr(models.BaseModel, "feature_converter", spy)
     pretrained = tmp_path / "pretrained"
-    _train(pretrained, "TRAIN_STEPS = 4", "t2t.runs.train.eval_every = None")
+    _train(pretrained, "TRAIN_STEPS = 4", "t2t.runs.EvalOptions.every = None")
     runs.configure(
         [FINETUNE],
         [
@@ -172,9 +172,9 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
             "TRAIN_STEPS = 4",
             "BATCH_SIZE = 8",
             "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 8}",
-            "t2t.runs.train.eval_every = 4",
+            "t2t.runs.EvalOptions.every = 4",
             "t2t.runs.train.progress = False",
-            "t2t.runs.train.num_predictions = 2",
+            "t2t.runs.EvalOptions.num_predictions = 2",
             "t2t.runs.seqio_evaluator.num_examples = 16",
         ],
     )
@@ -264,8 +264,8 @@ def test_two_host_training_ends_with_the_losses_of_one_process(tmp_path):
         "TRAIN_STEPS=3",
         "EVAL_TASKS=[]",
         "t2t.runs.train.log_every=1",
-        "t2t.runs.train.checkpoint_every=3",
-        "t2t.runs.train.eval_every=None",
+        "t2t.runs.CheckpointOptions.every=3",
+        "t2t.runs.EvalOptions.every=None",
     ]
 
     def argv(model_dir):

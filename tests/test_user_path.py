@@ -53,7 +53,7 @@ def test_import_from_the_working_directory_then_a_missing_vocabulary(tmp_path, m
             tmp_path,
             "--import",
             module,
-            f"--gin.t2t.runs.train.mixture_or_task='{module}'",
+            f"--gin.t2t.runs.DataOptions.mixture_or_task='{module}'",
         )
         == 2
     )
@@ -74,7 +74,7 @@ def test_a_failing_import_is_bad_input(tmp_path, capsys):
 
 
 def test_use_cached_without_a_cache_says_how_to_build_it(tmp_path, capsys):
-    assert _train(tmp_path, "--gin.t2t.runs.train.use_cached=True") == 2
+    assert _train(tmp_path, "--gin.t2t.runs.DataOptions.use_cached=True") == 2
     err = capsys.readouterr().err
     assert "Task builtin_span_corruption has no seqio cache" in err
     assert "t2t cache --task builtin_span_corruption --output_cache_dir DIR" in err
@@ -93,7 +93,7 @@ def test_tfds_dataset_not_prepared_says_how_to_prepare_it(tmp_path, capsys):
         _train(
             tmp_path,
             f"--tfds_data_dir={tfds_dir}",
-            f"--gin.t2t.runs.train.mixture_or_task='{name}'",
+            f"--gin.t2t.runs.DataOptions.mixture_or_task='{name}'",
         )
         == 2
     )

@@ -182,6 +182,7 @@ class CheckpointManager:
         if "://" not in path:
             # NOTE: Orbax's array writers reject relative paths (`make demo` passes runs/demo).
             path = os.path.abspath(path)
+        self.model_dir = path
         self.directory = epath.Path(path) / CHECKPOINTS_SUBDIR
         policies = [ocp.checkpoint_managers.LatestN(n=keep)] + [m.policy() for m in best]
         options = ocp.CheckpointManagerOptions(

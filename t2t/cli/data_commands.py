@@ -182,5 +182,5 @@ def _cache_tasks(args, report) -> None:
         print(f"{name}: {directory}")
     print(
         f"train on them with --seqio_cache_dir={args.output_cache_dir} "
-        "--gin.t2t.runs.train.use_cached=True"
+        "--gin.t2t.runs.DataOptions.use_cached=True"
     )

@@ -34,8 +34,10 @@ def add_train(subparsers) -> None:
                 "t2t train needs at least one --gin_file, e.g. "
                 "--gin_file=gin/experiments/tiny_builtin_demo.gin"
             )
+        if args.start_over:
+            args.gin_bindings = [*args.gin_bindings, "t2t.runs.CheckpointOptions.start_over = True"]
         configure(args)
-        summary = runs.train(**({"start_over": True} if args.start_over else {}))
+        summary = runs.train()
         first, last = summary["first_loss"], summary["last_loss"]
         if first is not None:
             print(

@@ -8,7 +8,7 @@ does (seqio's `beam_utils` transforms, the same file layout: TFRecord shards, `i
 program:
 
     t2t cache --task builtin_summarize --output_cache_dir /data/seqio_cache
-    t2t train ... --seqio_cache_dir /data/seqio_cache --gin.t2t.runs.train.use_cached=True
+    t2t train ... --seqio_cache_dir /data/seqio_cache --gin.t2t.runs.DataOptions.use_cached=True
 
 Beam runs locally (DirectRunner) by default; any Beam pipeline option selects another runner,
 e.g. `--pipeline_option=--runner=DataflowRunner --pipeline_option=--project=P

@@ -224,7 +224,7 @@ def _refuse_packed_prompt(encoder_segment_ids) -> None:
     if encoder_segment_ids is not None:
         raise ValueError(
             "A soft prompt (prompt_length > 0) is prepended to each row of inputs, so rows must "
-            "hold one example each: train with pack=False (t2t.runs.train.pack = False; "
+            "hold one example each: train with pack=False (t2t.runs.DataOptions.pack = False; "
             "gin/finetuning/prompt_tuning.gin sets it)."
         )
 

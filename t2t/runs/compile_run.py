@@ -11,31 +11,38 @@ import gin
 
 from t2t.runs.helpers import resolve_model_config
 from t2t.runs.train_run import train
+from t2t.trainer.options import DataOptions
 
-# The arguments of `train` that decide its programs, and their defaults.
+# The arguments of `train`, and the fields of its data options, that decide its programs.
 _TRAIN_PROGRAM_ARGS = (
     "model_config",
     "init_checkpoint",
-    "batch_size",
-    "task_feature_lengths",
     "mesh_shape",
     "sharding_mode",
     "num_microbatches",
-    "pack",
     "model_fn",
     "optimizer",
     "learning_rate",
 )
+_DATA_PROGRAM_FIELDS = ("batch_size", "task_feature_lengths", "pack")
 
 
 def _train_bindings() -> dict[str, Any]:
-    """The program-deciding arguments `train` would be called with under the current gin
+    """The program-deciding options `train` would run with under the current gin
     configuration (its bindings over its defaults)."""
+    import dataclasses
     import inspect
 
     defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
     bound = gin.get_bindings("t2t.runs.train")
-    return {name: bound.get(name, defaults[name]) for name in _TRAIN_PROGRAM_ARGS}
+    run = {name: bound.get(name, defaults[name]) for name in _TRAIN_PROGRAM_ARGS}
+    fields = {f.name: f for f in dataclasses.fields(DataOptions)}
+    data = gin.get_bindings("t2t.runs.DataOptions")
+    for name in _DATA_PROGRAM_FIELDS:
+        field = fields[name]
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        run[name] = data.get(name, default)
+    return run
 
 
 @gin.configurable(module="t2t.runs")
@@ -58,7 +65,8 @@ def compile_train(
     """Compiles the configured training run's programs ahead of time and reports their costs.
 
     The run is what `t2t train` would run under the same gin files (`t2t.runs.train`'s network,
-    batch, lengths, mesh, sharding mode, microbatches and optimizer); the arguments here
+    mesh, sharding mode, microbatches and optimizer; `t2t.runs.DataOptions`' batch, lengths and
+    packing); the arguments here
     override those. Nothing is allocated or executed, and no data is read.
 
     Args:
@@ -92,7 +100,7 @@ def compile_train(
         if value is not None:
             run[name] = value
     for name in ("task_feature_lengths",):
-        if run[name] is gin.REQUIRED or run[name] is None:
+        if not run[name]:
             raise ValueError(
                 f"The run binds no {name}; include the gin file of a run "
                 "(gin/runs/pretrain.gin and an objective) or bind it."

@@ -16,7 +16,7 @@ from t2t import decoding, models, optim
 from t2t import nn as t2t_nn
 from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
-from t2t.trainer import monitors
+from t2t.trainer import monitors, options
 
 
 def checkpoint_model_config(path: str, **overrides) -> TransformerConfig:
@@ -51,7 +51,15 @@ def _register_externals() -> dict[str, Callable]:
         ("t2t.trainer", (monitors.EarlyStopping, monitors.ReduceOnPlateau)),
         ("t2t.models", (models.EncoderDecoderModel, models.DecoderOnlyModel, models.model_for)),
         ("optax", (optax.adamw, optax.sgd)),
-        ("t2t.runs", (checkpoint_model_config,)),
+        (
+            "t2t.runs",
+            (
+                checkpoint_model_config,
+                options.DataOptions,
+                options.CheckpointOptions,
+                options.EvalOptions,
+            ),
+        ),
     ):
         for function in functions:
             name = function.__name__

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -71,9 +72,13 @@ _UNKNOWN_PARAMETER = re.compile(r"Configurable '([^']+)' doesn't have a paramete
 
 
 def _parameter_hint(message: str) -> str:
-    """ "Did you mean ...?" for gin's unknown-parameter error: the configurable's parameters
-    closest to the misspelt one, or all of them ("" for other errors)."""
+    """ "Did you mean ...?" for gin's unknown-parameter error: where a `train` option moved to
+    (its data, checkpoint and evaluation options are groups now), or the closest parameters of
+    the configurable (for `train`, with its groups' fields), or all of them ("" for other
+    errors)."""
     import inspect
+
+    from t2t.runs.train_run import MOVED_OPTIONS, OPTION_GROUPS
 
     found = _UNKNOWN_PARAMETER.search(message)
     if not found:
@@ -81,13 +86,24 @@ def _parameter_hint(message: str) -> str:
     name, parameter = found.groups()
     try:  # NOTE: gin has no public way to list a configurable's parameters
         configurable = gin.config._REGISTRY.get_match(name)
-        parameters = list(inspect.signature(configurable.wrapped).parameters)
+        full_name = configurable.selector
+        parameters = {p: f"{name}.{p}" for p in inspect.signature(configurable.wrapped).parameters}
     except Exception:  # noqa: BLE001 (no hint rather than a second error)
         return ""
-    close = difflib.get_close_matches(parameter, parameters, n=3)
+    if full_name == "t2t.runs.train":
+        if parameter in MOVED_OPTIONS:
+            return (
+                f"t2t.runs.train.{parameter} is now {MOVED_OPTIONS[parameter]} (train's data, "
+                "checkpoint and evaluation options are bound by group)."
+            )
+        for group in OPTION_GROUPS:
+            for field in dataclasses.fields(group):
+                parameters.setdefault(field.name, f"t2t.runs.{group.__name__}.{field.name}")
+    close = difflib.get_close_matches(parameter, list(parameters), n=3)
     if close:
-        return f"Did you mean {' or '.join(f'{name}.{c}' for c in close)}?"
-    return f"{name} takes: {', '.join(parameters)}."
+        return f"Did you mean {' or '.join(parameters[c] for c in close)}?"
+    named = (full.removeprefix(f"{name}.") for full in parameters.values())
+    return f"{name} takes: {', '.join(named)}."
 
 
 _MACRO_BINDING = re.compile(r"^\s*([A-Za-z_]\w*)\s*=", re.MULTILINE)

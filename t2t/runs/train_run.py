@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import os
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,44 +19,54 @@ from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
 from t2t.runs.externals import EXTERNALS
 from t2t.runs.helpers import import_task_modules, resolve_model_config, use_carried_vocabulary
-from t2t.trainer import monitors
+from t2t.trainer import options
+from t2t.trainer.options import CheckpointOptions, DataOptions, EvalOptions
+
+# The option groups `train` builds from gin when not given, and where its former arguments went.
+OPTION_GROUPS = (DataOptions, CheckpointOptions, EvalOptions)
+MOVED_OPTIONS = {
+    "mixture_or_task": "t2t.runs.DataOptions.mixture_or_task",
+    "task_feature_lengths": "t2t.runs.DataOptions.task_feature_lengths",
+    "batch_size": "t2t.runs.DataOptions.batch_size",
+    "pack": "t2t.runs.DataOptions.pack",
+    "use_cached": "t2t.runs.DataOptions.use_cached",
+    "max_train_examples": "t2t.runs.DataOptions.max_examples",
+    "checkpoint_every": "t2t.runs.CheckpointOptions.every",
+    "keep_checkpoints": "t2t.runs.CheckpointOptions.keep",
+    "best_metrics": "t2t.runs.CheckpointOptions.best_metrics",
+    "async_checkpoints": "t2t.runs.CheckpointOptions.async_save",
+    "start_over": "t2t.runs.CheckpointOptions.start_over",
+    "eval_every": "t2t.runs.EvalOptions.every",
+    "eval_tasks": "t2t.runs.EvalOptions.tasks",
+    "eval_split": "t2t.runs.EvalOptions.split",
+    "eval_steps": "t2t.runs.EvalOptions.steps",
+    "evaluators": "t2t.runs.EvalOptions.evaluators",
+    "early_stopping": "t2t.runs.EvalOptions.early_stopping",
+    "reduce_on_plateau": "t2t.runs.EvalOptions.reduce_on_plateau",
+    "num_predictions": "t2t.runs.EvalOptions.num_predictions",
+}
 
 
 @gin.configurable(module="t2t.runs")
 def train(
+    *,
     model_dir: str = gin.REQUIRED,
-    mixture_or_task: str = gin.REQUIRED,
-    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
     train_steps: int = gin.REQUIRED,
+    data: DataOptions | None = None,
+    checkpoints: CheckpointOptions | None = None,
+    evaluation: EvalOptions | None = None,
     model_config: TransformerConfig | None = None,
-    batch_size: int = 128,
     model_fn: Callable[..., models.BaseModel] = EXTERNALS["t2t.models.model_for"],
     optimizer: Callable[..., optax.GradientTransformation] = EXTERNALS["t2t.optim.adafactor"],
     learning_rate: optax.Schedule | float = 1e-3,
     num_microbatches: int = 1,
     mesh_shape: Sequence[int] = (-1, 1),
     sharding_mode: str = "tensor_parallel",
-    pack: bool = True,
-    use_cached: bool = False,
-    max_train_examples: int | None = None,
     seed: int = 0,
     log_every: int = 100,
-    checkpoint_every: int = 1000,
-    keep_checkpoints: int | None = 3,
-    best_metrics: Mapping[str, str] | None = None,
-    eval_every: int | None = None,
-    eval_tasks: Sequence[str] = (),
-    eval_split: str = "validation",
-    eval_steps: int | None = 10,
-    evaluators: Sequence[Callable[..., Callable]] = (),
     init_checkpoint: str | None = None,
     finetuning: FineTuning | None = None,
-    early_stopping: monitors.EarlyStopping | None = None,
-    reduce_on_plateau: monitors.ReduceOnPlateau | None = None,
-    num_predictions: int = 0,
-    async_checkpoints: bool = True,
     progress: bool = True,
-    start_over: bool = False,
 ) -> dict[str, Any]:
     """Trains a model and keeps its checkpoints, summaries and config in `model_dir`.
 
@@ -65,13 +74,18 @@ def train(
     where it stopped). With no checkpoint there, `init_checkpoint` (a HF T5 directory or another
     run's model directory) supplies the first parameters and the optimizer starts afresh.
 
+    The data, checkpoint and evaluation options are groups gin binds by field
+    (`t2t.runs.DataOptions.batch_size = 32`, `t2t.runs.CheckpointOptions.every = 500`,
+    `t2t.runs.EvalOptions.tasks = [...]`; `t2t.trainer.options` documents every field); a group
+    not given here is built from those bindings.
+
     Args:
       model_dir: the run's directory (local or any path Orbax and TensorFlow can write).
-      mixture_or_task: the registered seqio task or mixture to train on.
-      task_feature_lengths: e.g. {"inputs": 512, "targets": 114}.
-      train_steps: train until this many updates (counting restored ones).
+      train_steps: train until this many updates (counting restored ones; TRAIN_STEPS).
+      data: the training data (`DataOptions`).
+      checkpoints: when checkpoints are written and which are kept (`CheckpointOptions`).
+      evaluation: what is evaluated, how often, and what acts on it (`EvalOptions`).
       model_config: the network; None takes it from `init_checkpoint`.
-      batch_size: global batch (rows over all hosts).
       model_fn: builds the model wrapper from the config (`t2t.models.model_for`; bind its
         `z_loss` and `loss_normalizing_factor`).
       optimizer: called as `optimizer(learning_rate=...)` (`t2t.optim.adafactor`).
@@ -79,32 +93,12 @@ def train(
       num_microbatches: gradient-accumulation microbatches per step.
       mesh_shape: (data, model) mesh sizes, one may be -1.
       sharding_mode: `data_parallel`, `tensor_parallel` or `fsdp`.
-      pack: pack examples into rows.
-      use_cached: read the tasks' seqio caches.
-      max_train_examples: train on a subset of this many examples of the task, chosen by
-        `seed` (None: all); recorded in the checkpoints' metadata as `train_subset`.
-      seed: seeds initialization, dropout, the data order and the subset.
-      log_every, checkpoint_every, eval_every: periods in steps (eval None: never).
-      keep_checkpoints: recent checkpoints to keep (None: all).
-      best_metrics: {metric: "max" | "min"} whose best checkpoint is also kept, e.g.
-        {"builtin_package/token_accuracy": "max"}.
-      eval_tasks: tasks whose teacher-forced loss and token accuracy are measured.
-      eval_split: their split.
-      eval_steps: batches per eval task (None: the whole split).
-      evaluators: factories `factory(model=..., partitioner=...)` returning
-        `evaluator(params, step) -> {metric: value}` (decoding metrics).
+      seed: seeds initialization, dropout, the data order and the data subset.
+      log_every: log and check the training metrics every this many steps.
       init_checkpoint: HF T5 directory or t2t model directory to start from.
       finetuning: what trains and how (`@t2t.finetuning.FineTuning()`; the files in
         gin/finetuning/ bind it for each method).
-      early_stopping: `@t2t.trainer.EarlyStopping()`: stop after `patience` evaluations
-        without improving its metric (the best checkpoint is kept).
-      reduce_on_plateau: `@t2t.trainer.ReduceOnPlateau()`: lower the update scale when its
-        metric stops improving.
-      num_predictions: decode and print this many validation examples at the end.
-      async_checkpoints: write checkpoints in the background.
       progress: show a progress bar.
-      start_over: train from step 0 in a model directory whose checkpoints are all damaged
-        (`t2t train --start_over`); without it such a directory is refused (exit 2).
 
     Returns:
       The trainer's summary (steps, first and last loss, compile time, eval results) and the
@@ -113,37 +107,72 @@ def train(
     from t2t import partitioning
     from t2t.checkpoints import lock
 
-    _check_counts(
+    run = _Run(
+        model_dir=model_dir,
         train_steps=train_steps,
-        batch_size=batch_size,
+        data=data or EXTERNALS["t2t.runs.DataOptions"](),
+        checkpoints=checkpoints or EXTERNALS["t2t.runs.CheckpointOptions"](),
+        evaluation=evaluation or EXTERNALS["t2t.runs.EvalOptions"](),
+        model_config=model_config,
+        model_fn=model_fn,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
         num_microbatches=num_microbatches,
+        mesh_shape=tuple(mesh_shape),
+        sharding_mode=sharding_mode,
+        seed=seed,
         log_every=log_every,
-        checkpoint_every=checkpoint_every,
-        eval_every=eval_every,
-        eval_steps=eval_steps,
-        keep_checkpoints=keep_checkpoints,
-        max_train_examples=max_train_examples,
-        num_predictions=num_predictions,
+        init_checkpoint=init_checkpoint,
+        finetuning=finetuning,
+        progress=progress,
     )
     partitioning.initialize_distributed()
     with lock.hold(model_dir):  # one writer per model directory; fails fast when held
-        run = {k: v for k, v in locals().items() if k not in ("partitioning", "lock")}
-        return _train(types.SimpleNamespace(**run))
+        return _train(run)
 
 
-def _train(run: types.SimpleNamespace) -> dict[str, Any]:
-    """`train`'s body (its arguments are the attributes of `run`), run while holding the model
-    directory's lock."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Run:
+    """`train`'s arguments, checked (the groups check themselves when built)."""
+
+    model_dir: str
+    train_steps: int
+    data: DataOptions
+    checkpoints: CheckpointOptions
+    evaluation: EvalOptions
+    model_config: TransformerConfig | None
+    model_fn: Callable[..., models.BaseModel]
+    optimizer: Callable[..., optax.GradientTransformation]
+    learning_rate: optax.Schedule | float
+    num_microbatches: int
+    mesh_shape: tuple[int, ...]
+    sharding_mode: str
+    seed: int
+    log_every: int
+    init_checkpoint: str | None
+    finetuning: FineTuning | None
+    progress: bool
+
+    def __post_init__(self):
+        options.check_count(
+            "t2t.runs.train.train_steps", self.train_steps, (False, False), "TRAIN_STEPS"
+        )
+        for name in ("num_microbatches", "log_every"):
+            options.check_count(f"t2t.runs.train.{name}", getattr(self, name), (False, False))
+
+
+def _train(run: _Run) -> dict[str, Any]:
+    """`train`'s body, run while holding the model directory's lock."""
     from t2t import partitioning
     from t2t.data import pipeline
 
-    import_task_modules((), [run.mixture_or_task, *run.eval_tasks])
+    import_task_modules((), [run.data.mixture_or_task, *run.evaluation.tasks])
     use_carried_vocabulary(run.model_dir, run.init_checkpoint)
     config = resolve_model_config(run.model_config, run.init_checkpoint)
     model = run.model_fn(config)
     partitioner = partitioning.make_partitioner(*run.mesh_shape, mode=run.sharding_mode)
     if jax.process_index() == 0:
-        print(_network_line(config, partitioner, run.task_feature_lengths), flush=True)
+        print(_network_line(config, partitioner, run.data.task_feature_lengths), flush=True)
     train_config, eval_configs = _data_configs(run, config, model, partitioner)
     train_data = pipeline.InputPipeline(train_config)
     metadata = _run_metadata(run, train_data)
@@ -155,11 +184,13 @@ def _train(run: types.SimpleNamespace) -> dict[str, Any]:
         if trainer.is_chief:
             _say_if_nothing_was_trained(run, summary, trainer.step)
         shown = []
-        if run.num_predictions:
+        if run.evaluation.num_predictions:
             target = (
-                eval_configs[run.eval_tasks[0]]
-                if run.eval_tasks
-                else dataclasses.replace(train_config, split=run.eval_split, max_examples=None)
+                eval_configs[run.evaluation.tasks[0]]
+                if run.evaluation.tasks
+                else dataclasses.replace(
+                    train_config, split=run.evaluation.split, max_examples=None
+                )
             )
             shown = _show_predictions(run, model, trainer, partitioner, target)
     finally:
@@ -185,28 +216,28 @@ def _data_configs(run, config: TransformerConfig, model, partitioner):
 
     shard_index, num_shards = partitioner.data_shard()
     data = dict(
-        task_feature_lengths=dict(run.task_feature_lengths),
-        global_batch_size=run.batch_size,
+        task_feature_lengths=dict(run.data.task_feature_lengths),
+        global_batch_size=run.data.batch_size,
         architecture=config.architecture,
         feature_converter=model.feature_converter,
-        pack=run.pack,
-        use_cached=run.use_cached,
+        pack=run.data.pack,
+        use_cached=run.data.use_cached,
         seed=run.seed,
         shard_index=shard_index,
         num_shards=num_shards,
     )
     train_config = pipeline.PipelineConfig(
-        run.mixture_or_task, **data, max_examples=run.max_train_examples
+        run.data.mixture_or_task, **data, max_examples=run.data.max_examples
     )
     eval_configs = {
         name: pipeline.PipelineConfig(
             name,
             **{**data, "use_cached": False},
-            split=run.eval_split,
+            split=run.evaluation.split,
             shuffle=False,
             num_epochs=1,
         )
-        for name in run.eval_tasks
+        for name in run.evaluation.tasks
     }
     return train_config, eval_configs
 
@@ -216,9 +247,9 @@ def _run_metadata(run, train_data) -> dict[str, Any]:
     checkpoints were trained on other data."""
     from t2t.data import registry
 
-    provider = registry.get_task_or_mixture(run.mixture_or_task)
-    metadata = _data_metadata(provider, run.mixture_or_task, run.task_feature_lengths)
-    metadata["batch_size"] = run.batch_size
+    provider = registry.get_task_or_mixture(run.data.mixture_or_task)
+    metadata = _data_metadata(provider, run.data.mixture_or_task, run.data.task_feature_lengths)
+    metadata["batch_size"] = run.data.batch_size
     _check_resumable(run.model_dir, metadata)
     subset = getattr(train_data, "subset", None)
     if subset is not None:
@@ -226,35 +257,28 @@ def _run_metadata(run, train_data) -> dict[str, Any]:
     return metadata
 
 
-def _make_trainer(run, model, partitioner, train_data, eval_configs, metadata):
-    from t2t.checkpoints.manager import BestMetric
+def _make_trainer(run: _Run, model, partitioner, train_data, eval_configs, metadata):
     from t2t.data import batches
     from t2t.trainer import Trainer
 
-    return Trainer(
+    steps = run.evaluation.steps
+    return Trainer.create(
         model,
         run.optimizer(learning_rate=run.learning_rate),
         partitioner,
         run.model_dir,
         train_data,
-        learning_rate=run.learning_rate,
-        num_microbatches=run.num_microbatches,
-        seed=run.seed,
-        log_every=run.log_every,
-        checkpoint_every=run.checkpoint_every,
-        keep_checkpoints=run.keep_checkpoints,
-        best_metrics=[BestMetric(k, v) for k, v in (run.best_metrics or {}).items()],
-        eval_every=run.eval_every,
-        eval_data={k: batches.eval_batches(c, run.eval_steps) for k, c in eval_configs.items()},
-        evaluators=[make(model=model, partitioner=partitioner) for make in run.evaluators],
-        metadata=metadata,
+        checkpoints=run.checkpoints,
+        evaluation=run.evaluation,
         init_checkpoint=run.init_checkpoint,
         finetuning=run.finetuning,
-        early_stopping=run.early_stopping,
-        reduce_on_plateau=run.reduce_on_plateau,
-        async_checkpoints=run.async_checkpoints,
+        seed=run.seed,
+        metadata=metadata,
+        eval_data={k: batches.eval_batches(c, steps) for k, c in eval_configs.items()},
+        learning_rate=run.learning_rate,
+        num_microbatches=run.num_microbatches,
+        log_every=run.log_every,
         progress=run.progress,
-        start_over=run.start_over,
     )
 
 
@@ -263,7 +287,8 @@ def _say_if_nothing_was_trained(run, summary: Mapping[str, Any], step: int) -> N
     stopped = summary["stopped_early"]
     if stopped is not None and summary["first_step"] == step:
         best = summary["best"].get("early_stopping", {})
-        metric = run.early_stopping.metric if run.early_stopping else "metric"
+        stopping = run.evaluation.early_stopping
+        metric = stopping.metric if stopping else "metric"
         print(
             f"nothing to train: this run stopped early at step {stopped} (best {metric} "
             f"{best.get('value')} at step {best.get('step')}). Give a new MODEL_DIR to train "
@@ -284,56 +309,18 @@ def _show_predictions(run, model, trainer, partitioner, target) -> list:
     from t2t.data import registry
     from t2t.trainer import predictions
 
-    provider = registry.get_task_or_mixture(run.mixture_or_task)
+    provider = registry.get_task_or_mixture(run.data.mixture_or_task)
     vocabulary = provider.output_features["targets"].vocabulary
     shown = predictions.show_examples(
-        model, trainer.params, partitioner, target, vocabulary, run.num_predictions
+        model, trainer.params, partitioner, target, vocabulary, run.evaluation.num_predictions
     )
     if trainer.is_chief:
         print(
             f"\nGreedy predictions after step {trainer.step} ({target.mixture_or_task}, "
-            f"{run.eval_split}):\n{predictions.format_predictions(shown)}",
+            f"{run.evaluation.split}):\n{predictions.format_predictions(shown)}",
             flush=True,
         )
     return shown
-
-
-# The counts `train` takes: None allowed?, zero allowed?, the macro most gin files bind it by.
-_COUNTS = {
-    "train_steps": (False, False, "TRAIN_STEPS"),
-    "batch_size": (False, False, "BATCH_SIZE"),
-    "num_microbatches": (False, False, None),
-    "log_every": (False, False, None),
-    "checkpoint_every": (False, False, None),
-    "eval_every": (True, False, None),
-    "eval_steps": (True, False, None),
-    "keep_checkpoints": (True, False, None),
-    "max_train_examples": (True, False, None),
-    "num_predictions": (False, True, None),
-}
-
-
-def _check_counts(**values: Any) -> None:
-    """Refuses a count that is not a positive int (e.g. TRAIN_STEPS = 0, or a string) before
-    anything is built, naming the binding and what to give."""
-    for name, value in values.items():
-        none_ok, zero_ok, macro = _COUNTS[name]
-        if value is None and none_ok:
-            continue
-        if (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            and (value > 0 or (zero_ok and value == 0))
-        ):
-            continue
-        binding = f"t2t.runs.train.{name}" + (f" (the gin macro {macro})" if macro else "")
-        wanted = "a non-negative int" if zero_ok else "a positive int"
-        if none_ok:
-            wanted += " or None"
-        raise ValueError(
-            f"{binding} must be {wanted}; got {value!r} "
-            f"({type(value).__name__}). Example: --gin.{macro or binding}=100"
-        )
 
 
 def _data_metadata(provider, name: str, lengths: Mapping[str, int]) -> dict[str, Any]:

@@ -126,7 +126,7 @@ def expand(
             bindings += [
                 f"MIXTURE_OR_TASK = {task!r}",
                 f"EVAL_TASKS = [{task!r}]",
-                "t2t.runs.train.best_metrics = {}",
+                "t2t.runs.CheckpointOptions.best_metrics = {}",
             ]
             if lengths and task in lengths:
                 bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")

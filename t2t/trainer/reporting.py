@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+import jax
 import numpy as np
 
 # The per-step quantity both curves of the plot share: nats per real target token.
@@ -87,6 +88,14 @@ class ScalarWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def writer(model_dir: str, name: str) -> ScalarWriter | NoWriter:
+    """The TensorBoard writer of `<model_dir>/<name>` on process 0; a no-op writer elsewhere
+    (only process 0 writes run-level files)."""
+    if jax.process_index() != 0:
+        return NoWriter()
+    return ScalarWriter(os.path.join(model_dir, name))
 
 
 def read_scalars(directory: str, max_step: int | None = None) -> dict[str, list[tuple[int, float]]]:

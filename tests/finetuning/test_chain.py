@@ -25,13 +25,13 @@ COMMON = [
     "TRAIN_STEPS = 3",
     "BATCH_SIZE = 8",
     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-    "t2t.runs.train.evaluators = []",
+    "t2t.runs.EvalOptions.evaluators = []",
     "t2t.runs.train.progress = False",
-    "t2t.runs.train.num_predictions = 0",
+    "t2t.runs.EvalOptions.num_predictions = 0",
     "t2t.runs.train.log_every = 1",
-    "t2t.runs.train.checkpoint_every = 1",
-    "t2t.runs.train.eval_every = 1",
-    "t2t.runs.train.eval_steps = 1",
+    "t2t.runs.CheckpointOptions.every = 1",
+    "t2t.runs.EvalOptions.every = 1",
+    "t2t.runs.EvalOptions.steps = 1",
 ]
 STAGES = [
     {
@@ -40,14 +40,14 @@ STAGES = [
         "bindings": [
             "MIXTURE_OR_TASK = 'builtin_summarize'",
             "EVAL_TASKS = ['builtin_summarize']",
-            "t2t.runs.train.best_metrics = {}",
+            "t2t.runs.CheckpointOptions.best_metrics = {}",
         ],
         "select": "builtin_summarize/loss",
     },
     {
         "name": "two",
         "gin_files": [FINETUNE],
-        "bindings": ["EVAL_TASKS = []", "t2t.runs.train.eval_every = None"],
+        "bindings": ["EVAL_TASKS = []", "t2t.runs.EvalOptions.every = None"],
     },
     {
         "name": "frozen",
@@ -55,7 +55,7 @@ STAGES = [
         "bindings": [
             "TRAIN_STEPS = 1",
             "EVAL_TASKS = []",
-            "t2t.runs.train.eval_every = None",
+            "t2t.runs.EvalOptions.every = None",
             "t2t.runs.train.finetuning = @t2t.finetuning.FineTuning()",
             "t2t.finetuning.FineTuning.frozen = ['all']",
         ],
@@ -75,7 +75,7 @@ def pretrained(tmp_path_factory):
     path = tmp_path_factory.mktemp("pretrained")
     runs.configure(
         ["gin/experiments/tiny_builtin_demo.gin"],
-        [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.train.eval_every = None"],
+        [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.EvalOptions.every = None"],
     )
     runs.train()
     return str(path)
@@ -197,14 +197,21 @@ def hf_tiny(tmp_path_factory):
 
 def test_a_stage_prefixed_binding_reaches_that_stage_only():
     split = chain._split_bindings(
-        ["two: TRAIN_STEPS = 9", "BATCH_SIZE = 8", "t2t.runs.train.best_metrics = {'a/b': 'max'}"],
+        [
+            "two: TRAIN_STEPS = 9",
+            "BATCH_SIZE = 8",
+            "t2t.runs.CheckpointOptions.best_metrics = {'a/b': 'max'}",
+        ],
         ["one", "two"],
     )
-    assert split["one"] == ["BATCH_SIZE = 8", "t2t.runs.train.best_metrics = {'a/b': 'max'}"]
+    assert split["one"] == [
+        "BATCH_SIZE = 8",
+        "t2t.runs.CheckpointOptions.best_metrics = {'a/b': 'max'}",
+    ]
     assert split["two"] == [
         "TRAIN_STEPS = 9",
         "BATCH_SIZE = 8",
-        "t2t.runs.train.best_metrics = {'a/b': 'max'}",
+        "t2t.runs.CheckpointOptions.best_metrics = {'a/b': 'max'}",
     ]
 
 
@@ -226,7 +233,10 @@ def test_checkpoint_specs_name_a_step(tmp_path):
     [
         ({"gin_files": ["experiments/no_such_file.gin"]}, "no_such_file.gin"),
         ({"bindings": ["MIXTURE_OR_TASK = 'builtin_summarise'"]}, "builtin_summarize"),
-        ({"bindings": ["t2t.runs.train.batchsize = 4"]}, "Did you mean t2t.runs.train.batch_size"),
+        (
+            {"bindings": ["t2t.runs.train.batchsize = 4"]},
+            "Did you mean t2t.runs.DataOptions.batch_size",
+        ),
     ],
 )
 def test_a_broken_later_stage_is_refused_before_the_first_stage_trains(

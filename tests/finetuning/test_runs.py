@@ -25,7 +25,7 @@ SMALL = [
     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
     "BATCH_SIZE = 8",
     "t2t.runs.train.progress = False",
-    "t2t.runs.train.num_predictions = 0",
+    "t2t.runs.EvalOptions.num_predictions = 0",
 ]
 
 
@@ -39,7 +39,7 @@ def pretrained(tmp_path_factory):
     path = tmp_path_factory.mktemp("pretrained")
     runs.configure(
         [DEMO],
-        [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.train.eval_every = None"],
+        [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.EvalOptions.every = None"],
     )
     runs.train()
     return str(path)
@@ -54,10 +54,10 @@ def finetune(pretrained, model_dir, method_files, *bindings, steps=3):
             f"TRAIN_STEPS = {steps}",
             "BATCH_SIZE = 8",
             "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
-            "t2t.runs.train.eval_every = None",
-            "t2t.runs.train.evaluators = []",
+            "t2t.runs.EvalOptions.every = None",
+            "t2t.runs.EvalOptions.evaluators = []",
             "t2t.runs.train.progress = False",
-            "t2t.runs.train.num_predictions = 0",
+            "t2t.runs.EvalOptions.num_predictions = 0",
             "t2t.runs.train.log_every = 1",
             *bindings,
         ],
@@ -153,10 +153,10 @@ def watched_run(pretrained, model_dir, *bindings, steps=8):
         pretrained,
         model_dir,
         [],
-        "t2t.runs.train.eval_every = 1",
-        "t2t.runs.train.evaluators = [@scripted_evaluator]",
-        "t2t.runs.train.eval_tasks = []",
-        "t2t.runs.train.checkpoint_every = 100",
+        "t2t.runs.EvalOptions.every = 1",
+        "t2t.runs.EvalOptions.evaluators = [@scripted_evaluator]",
+        "t2t.runs.EvalOptions.tasks = []",
+        "t2t.runs.CheckpointOptions.every = 100",
         *bindings,
         steps=steps,
     )
@@ -164,7 +164,7 @@ def watched_run(pretrained, model_dir, *bindings, steps=8):
 
 def test_early_stopping_stops_after_patience_and_keeps_the_best(pretrained, tmp_path, capsys):
     stop = [
-        "t2t.runs.train.early_stopping = @t2t.trainer.EarlyStopping()",
+        "t2t.runs.EvalOptions.early_stopping = @t2t.trainer.EarlyStopping()",
         "t2t.trainer.EarlyStopping.metric = 'scripted/accuracy'",
         "t2t.trainer.EarlyStopping.patience = 2",
     ]
@@ -185,7 +185,7 @@ def test_reduce_on_plateau_lowers_the_update_scale_after_patience(pretrained, tm
     watched_run(
         pretrained,
         tmp_path,
-        "t2t.runs.train.reduce_on_plateau = @t2t.trainer.ReduceOnPlateau()",
+        "t2t.runs.EvalOptions.reduce_on_plateau = @t2t.trainer.ReduceOnPlateau()",
         "t2t.trainer.ReduceOnPlateau.metric = 'scripted/accuracy'",
         "t2t.trainer.ReduceOnPlateau.patience = 2",
         "t2t.trainer.ReduceOnPlateau.factor = 0.5",

@@ -30,10 +30,10 @@ SMALL = [  # a smaller network and shorter runs than the builtin_tiny profile's
 ]
 MICRO = textwrap.dedent("""
     include 'studies/profiles/builtin_tiny.gin'
-    PRETRAIN_STEPS = ["TRAIN_STEPS = 2", "t2t.runs.train.checkpoint_every = 2"]
-    FINETUNE_BINDINGS = ["TRAIN_STEPS = 2", "t2t.runs.train.eval_every = 2",
-                         "t2t.runs.train.checkpoint_every = 1",
-                         "t2t.runs.train.num_predictions = 0", "t2t.runs.train.progress = False"]
+    PRETRAIN_STEPS = ["TRAIN_STEPS = 2", "t2t.runs.CheckpointOptions.every = 2"]
+    FINETUNE_BINDINGS = ["TRAIN_STEPS = 2", "t2t.runs.EvalOptions.every = 2",
+                         "t2t.runs.CheckpointOptions.every = 1",
+                         "t2t.runs.EvalOptions.num_predictions = 0", "t2t.runs.train.progress = False"]
     t2t.studies.run.tasks = ["builtin_order"]
     t2t.studies.run.seeds = [0, 1]
     t2t.studies.run.name = "micro"

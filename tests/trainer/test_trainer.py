@@ -16,6 +16,7 @@ from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.checkpoints.manager import CheckpointManager
 from t2t.trainer import NonFiniteError, Trainer, init, reporting, steps
+from t2t.trainer.options import CheckpointOptions, EvalOptions
 
 CONFIG = t2t_nn.get_preset("tiny", vocab_size=128, dropout_rate=0.1)
 LENGTHS = (16, 8)  # inputs, targets
@@ -54,14 +55,23 @@ def _single_device():
 
 
 def _trainer(model_dir, partitioner, model=None, learning_rate=1e-2, **kwargs):
-    settings = dict(log_every=1, checkpoint_every=100, progress=False, seed=3)
+    """A trainer on `model_dir` (`Trainer.create`); `checkpoint_every`, `async_checkpoints` and
+    `eval_every` go into its option groups."""
+    checkpoints = CheckpointOptions(
+        every=kwargs.pop("checkpoint_every", 100),
+        async_save=kwargs.pop("async_checkpoints", True),
+    )
+    evaluation = EvalOptions(every=kwargs.pop("eval_every", None))
+    settings = dict(log_every=1, progress=False, seed=3)
     settings.update(kwargs)
-    return Trainer(
+    return Trainer.create(
         model or _model(),
         optim.adafactor(learning_rate),
         partitioner,
         str(model_dir),
         SyntheticBatches(),
+        checkpoints=checkpoints,
+        evaluation=evaluation,
         learning_rate=learning_rate,
         **settings,
     )
@@ -108,7 +118,7 @@ def test_sharded_steps_equal_single_device_and_follow_the_rules(tmp_path, single
     assert query.sharding.spec == jax.sharding.PartitionSpec("data", "model")
     embedding = state["token_embedder"]["embedding"].get_value()
     assert embedding.sharding.spec == jax.sharding.PartitionSpec("model", "data")
-    expected = sharded.partitioner.shardings(sharded.abstract_params)
+    expected = sharded.partitioner.shardings(init.abstract_of(sharded.params))
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
         want = jax.tree_util.tree_flatten_with_path(expected)[0]
         assert any(p == path and x.sharding.is_equivalent_to(s, x.ndim) for p, s in want)
@@ -119,12 +129,12 @@ def test_restore_onto_a_different_mesh(single_run):
     model_dir, single, _ = single_run
     partitioner = partitioning.make_partitioner(2, 4, mode="tensor_parallel")
     restored = _trainer(model_dir, partitioner)
-    assert restored.step == 3 and restored.init_description == {"kind": "resume", "step": 3}
+    assert restored.step == 3 and restored.state.origin == {"kind": "resume", "step": 3}
     _assert_close(restored.params, single.params, atol=0)
-    _assert_close(restored.opt_state, single.opt_state, atol=0)
+    _assert_close(restored.state.opt_state, single.state.opt_state, atol=0)
     wo = restored.params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"].get_value()
     assert wo.sharding.spec == jax.sharding.PartitionSpec("model", None)
-    assert restored.tokens_seen == single.tokens_seen > 0
+    assert restored.state.tokens_seen == single.state.tokens_seen > 0
     restored.close()
 
 
@@ -175,7 +185,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     assert error.value.step == 4 and error.value.last_checkpoint == 2
     manager = CheckpointManager(tmp_path, read_only=True)
     assert manager.all_steps() == [2]
-    restored = manager.restore(abstract_params=trainer.abstract_params)
+    restored = manager.restore(abstract_params=init.abstract_of(trainer.params))
     assert all(np.isfinite(x).all() for x in _leaves(restored.params).values())
     assert os.path.exists(os.path.join(tmp_path, "loss_curve.png"))
 
@@ -192,7 +202,7 @@ def test_start_from_hf_and_t2t_checkpoints(tmp_path, single_run):
         model=_model(config),
         init_checkpoint=str(tmp_path / "hf"),
     )
-    assert from_hf.step == 0 and from_hf.init_description["kind"] == "hf"
+    assert from_hf.step == 0 and from_hf.state.origin["kind"] == "hf"
     _assert_close(from_hf.params, params, atol=0)
     assert from_hf.params["encoder"]["layers_0"]["mlp"]["wi_0"][
         "kernel"
@@ -200,13 +210,13 @@ def test_start_from_hf_and_t2t_checkpoints(tmp_path, single_run):
     from_run = _trainer(
         tmp_path / "from_run", partitioner, model=_model(config), init_checkpoint=str(model_dir)
     )
-    assert from_run.step == 0 and from_run.init_description == {
+    assert from_run.step == 0 and from_run.state.origin == {
         "kind": "t2t",
         "path": os.path.abspath(model_dir),
         "step": 3,
     }
     _assert_close(from_run.params, single.params, atol=0)
-    assert int(jax.device_get(from_run.opt_state[0].count)) == 0  # a fresh optimizer
+    assert int(jax.device_get(from_run.state.opt_state[0].count)) == 0  # a fresh optimizer
     for trainer in (from_hf, from_run):
         trainer.close()
     other = CONFIG.replace(d_ff=256)
@@ -224,7 +234,7 @@ def test_start_from_hf_and_t2t_checkpoints(tmp_path, single_run):
 def test_run_directory_has_summaries_curve_and_metadata(single_run):
     model_dir, single, summary = single_run
     assert summary["first_step"] == 0 and summary["last_step"] == 3
-    assert summary["tokens_seen"] == single.tokens_seen
+    assert summary["tokens_seen"] == single.state.tokens_seen
     scalars = reporting.read_scalars(os.path.join(model_dir, "train"))
     assert [s for s, _ in scalars["loss"]] == [1, 2, 3]
     np.testing.assert_allclose(
@@ -233,7 +243,7 @@ def test_run_directory_has_summaries_curve_and_metadata(single_run):
     assert {"learning_rate", "tokens_per_second", "token_accuracy", "z_loss"} <= set(scalars)
     assert os.path.getsize(os.path.join(model_dir, "loss_curve.png")) > 1000
     metadata = CheckpointManager(model_dir, read_only=True).read_metadata(3)
-    assert metadata["tokens_seen"] == single.tokens_seen
+    assert metadata["tokens_seen"] == single.state.tokens_seen
     # Tokens seen: non-zero input and target tokens of the three batches.
     data = SyntheticBatches()
     expected = sum(
@@ -304,8 +314,10 @@ def test_train_scalars():
 
 
 def test_bad_periods_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint_every must be a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"CheckpointOptions.every must be a positive int; got 0"):
         _trainer(tmp_path, _single_device(), checkpoint_every=0)
+    with pytest.raises(ValueError, match=r"log_every must be a positive int; got 0"):
+        _trainer(tmp_path, _single_device(), log_every=0)
 
 
 def test_hf_directory_is_recognized(tmp_path):
