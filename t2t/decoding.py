@@ -125,15 +125,15 @@ class DecodingConfig:
                 f"False, got {self.kernel_first_steps!r}."
             )
 
-    def uses_kernel_first_steps(self, rows: int) -> bool:
+    def uses_kernel_first_steps(self, rows: int, platform: str) -> bool:
         """Whether a decode whose steps have `rows` rows (batch x beams, the whole batch's
-        before any data-parallel split) multiplies kernel first: `kernel_first_steps` when
-        set, else on when JAX's default backend is the CPU and `rows` lies in
-        `KERNEL_FIRST_ROWS`."""
+        before any data-parallel split) on `platform` ("cpu", "gpu", "tpu": the caller's
+        devices) multiplies kernel first: `kernel_first_steps` when set, else on when the
+        platform is the CPU and `rows` lies in `KERNEL_FIRST_ROWS`."""
         if self.kernel_first_steps is not None:
             return self.kernel_first_steps
         low, high = KERNEL_FIRST_ROWS
-        return jax.default_backend() == "cpu" and low <= rows <= high
+        return platform == "cpu" and low <= rows <= high
 
     @classmethod
     def of(cls, config: DecodingConfig | None = None, **overrides) -> DecodingConfig:
@@ -152,6 +152,55 @@ class DecodingConfig:
                 f"DecodingConfig's fields are {fields}."
             )
         return dataclasses.replace(config if config is not None else cls(), **overrides)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeLoop:
+    """What a decoding loop is given besides its step function and cache: how long, when to
+    stop, how to start, and how its cache grows. `greedy`, `sample` and `beam_search` take one
+    (`loop=`) or its fields as keywords (`max_decode_length=8, min_length=2`)."""
+
+    max_decode_length: int
+    """T, the number of positions decoded at most."""
+    eos_id: int = EOS_ID
+    """The token that ends a sequence."""
+    min_length: int = 0
+    """EOS is suppressed at positions `< min_length` (forces that many tokens)."""
+    start_tokens: jax.Array | None = None
+    """[B] the first token fed to the model; default PAD (the T5 start token)."""
+    prompt: jax.Array | None = None
+    """Optional [B, T] tokens forced at positions `< prompt_lengths` (decoder-only models fed
+    their prompt one step at a time); they are copied into the output. Not for beam search."""
+    prompt_lengths: jax.Array | None = None
+    """[B] number of forced prompt positions per row."""
+    resize_cache: ResizeCache | None = None
+    """`(cache, steps) -> cache` holding `steps` decoding positions: decode in phases of a
+    growing cache (see the module docstring); None keeps the cache as given."""
+    first_cache_length: int = FIRST_CACHE_LENGTH
+    """The first phase's length when `resize_cache` is given."""
+
+    @classmethod
+    def of(cls, loop: DecodeLoop | None = None, **fields) -> DecodeLoop:
+        """`loop` with `fields` over it, or a new loop of `fields`.
+
+        Raises:
+          ValueError: for a name that is not a field (with the closest one), or without
+            `max_decode_length`.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(fields) - set(names))
+        if unknown:
+            close = {n: difflib.get_close_matches(n, names, n=1) for n in unknown}
+            hints = "; ".join(f"{n!r}: did you mean {c[0]!r}?" for n, c in close.items() if c)
+            raise TypeError(
+                f"Unknown decoding loop option(s) {unknown}{' (' + hints + ')' if hints else ''}"
+                f"; DecodeLoop's fields are {names}."
+            )
+        if loop is not None:
+            return dataclasses.replace(loop, **fields)
+        if "max_decode_length" not in fields:
+            raise TypeError("A decoding loop needs max_decode_length.")
+        return cls(**fields)
 
 
 def cache_batch_size(cache: Cache) -> int:
@@ -312,20 +361,15 @@ def _decode_loop(
     tokens_to_logits: TokensToLogits,
     cache: Cache,
     choose: Callable[[jax.Array, jax.Array], jax.Array],
-    *,
-    max_decode_length: int,
-    eos_id: int,
-    min_length: int,
-    start_tokens: jax.Array | None,
-    prompt: jax.Array | None,
-    prompt_lengths: jax.Array | None,
-    resize_cache: ResizeCache | None,
-    first_cache_length: int,
+    loop: DecodeLoop,
 ) -> jax.Array:
     """Runs `choose(logits [B, V], step) -> tokens [B]` until EOS or the length limit."""
+    max_decode_length, min_length, eos_id = loop.max_decode_length, loop.min_length, loop.eos_id
     _validate_lengths(max_decode_length, min_length)
     batch_size = cache_batch_size(cache)
-    prompt, prompt_lengths = _prompt_arrays(prompt, prompt_lengths, batch_size, max_decode_length)
+    prompt, prompt_lengths = _prompt_arrays(
+        loop.prompt, loop.prompt_lengths, batch_size, max_decode_length
+    )
 
     def cond(state: _SamplingState) -> jax.Array:
         return jnp.logical_and(state.step < max_decode_length, ~jnp.all(state.done))
@@ -343,7 +387,7 @@ def _decode_loop(
 
     initial = _SamplingState(
         step=jnp.array(0, jnp.int32),
-        tokens=_start_tokens(start_tokens, batch_size),
+        tokens=_start_tokens(loop.start_tokens, batch_size),
         sequences=jnp.zeros((batch_size, max_decode_length), jnp.int32),
         done=jnp.zeros((batch_size,), bool),
         cache=cache,
@@ -353,57 +397,28 @@ def _decode_loop(
         body,
         initial,
         max_decode_length=max_decode_length,
-        resize_cache=resize_cache,
-        first_cache_length=first_cache_length,
+        resize_cache=loop.resize_cache,
+        first_cache_length=loop.first_cache_length,
     )
     return final.sequences
 
 
 def greedy(
-    tokens_to_logits: TokensToLogits,
-    cache: Cache,
-    *,
-    max_decode_length: int,
-    eos_id: int = EOS_ID,
-    min_length: int = 0,
-    start_tokens: jax.Array | None = None,
-    prompt: jax.Array | None = None,
-    prompt_lengths: jax.Array | None = None,
-    resize_cache: ResizeCache | None = None,
-    first_cache_length: int = FIRST_CACHE_LENGTH,
+    tokens_to_logits: TokensToLogits, cache: Cache, loop: DecodeLoop | None = None, **fields
 ) -> jax.Array:
     """Greedy decoding: the most likely token at every step.
 
     Args:
       tokens_to_logits: `(tokens [B, 1], cache) -> (logits [B, V], cache)`.
       cache: the initial cache (every leaf `[B, ...]`).
-      max_decode_length: T, the number of positions decoded at most.
-      eos_id: the token that ends a sequence.
-      min_length: EOS is suppressed at positions `< min_length` (forces that many tokens).
-      start_tokens: [B] the first token fed to the model; default PAD (the T5 start token).
-      prompt: optional [B, T] tokens forced at positions `< prompt_lengths` (decoder-only models
-        fed their prompt one step at a time); they are copied into the output.
-      prompt_lengths: [B] number of forced prompt positions per row.
-      resize_cache: `(cache, steps) -> cache` holding `steps` decoding positions: decode in
-        phases of a growing cache (see the module docstring); None keeps the cache as given.
-      first_cache_length: the first phase's length when `resize_cache` is given.
+      loop: the loop's length, stopping, start and cache growth (`DecodeLoop`); or
+      **fields: its fields, e.g. `max_decode_length=8, min_length=2` (over `loop`'s).
 
     Returns:
       [B, T] int32 tokens; each row ends at its EOS, zeros after.
     """
-    return _decode_loop(
-        tokens_to_logits,
-        cache,
-        lambda logits, step: _argmax(logits),
-        max_decode_length=max_decode_length,
-        eos_id=eos_id,
-        min_length=min_length,
-        start_tokens=start_tokens,
-        prompt=prompt,
-        prompt_lengths=prompt_lengths,
-        resize_cache=resize_cache,
-        first_cache_length=first_cache_length,
-    )
+    loop = DecodeLoop.of(loop, **fields)
+    return _decode_loop(tokens_to_logits, cache, lambda logits, step: _argmax(logits), loop)
 
 
 def top_k_filter(logits: jax.Array, k: int) -> jax.Array:
@@ -444,18 +459,12 @@ def sample(
     tokens_to_logits: TokensToLogits,
     cache: Cache,
     rng: jax.Array,
+    loop: DecodeLoop | None = None,
     *,
-    max_decode_length: int,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    eos_id: int = EOS_ID,
-    min_length: int = 0,
-    start_tokens: jax.Array | None = None,
-    prompt: jax.Array | None = None,
-    prompt_lengths: jax.Array | None = None,
-    resize_cache: ResizeCache | None = None,
-    first_cache_length: int = FIRST_CACHE_LENGTH,
+    **fields,
 ) -> jax.Array:
     """Temperature sampling, optionally restricted to the top-k tokens and/or the top-p nucleus.
 
@@ -464,8 +473,7 @@ def sample(
     same output.
 
     Args:
-      tokens_to_logits, cache, max_decode_length, eos_id, min_length, start_tokens, prompt,
-        prompt_lengths, resize_cache, first_cache_length: as for `greedy`.
+      tokens_to_logits, cache, loop, fields: as for `greedy`.
       rng: a PRNG key.
       temperature: softmax temperature (> 0), or 0 for argmax.
       top_k: sample among the k most likely tokens; 0 disables the filter.
@@ -474,6 +482,7 @@ def sample(
     Returns:
       [B, T] int32 tokens; each row ends at its EOS, zeros after.
     """
+    loop = DecodeLoop.of(loop, **fields)
     _validate_sampling(temperature, top_k, top_p, None)
 
     def choose(logits: jax.Array, step: jax.Array) -> jax.Array:
@@ -487,19 +496,7 @@ def sample(
             logits = top_p_filter(logits, top_p)
         return jax.random.categorical(jax.random.fold_in(rng, step), logits, axis=-1)
 
-    return _decode_loop(
-        tokens_to_logits,
-        cache,
-        choose,
-        max_decode_length=max_decode_length,
-        eos_id=eos_id,
-        min_length=min_length,
-        start_tokens=start_tokens,
-        prompt=prompt,
-        prompt_lengths=prompt_lengths,
-        resize_cache=resize_cache,
-        first_cache_length=first_cache_length,
-    )
+    return _decode_loop(tokens_to_logits, cache, choose, loop)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,16 +690,12 @@ def _beam_step(
 def beam_search(
     tokens_to_logits: TokensToLogits,
     cache: Cache,
+    loop: DecodeLoop | None = None,
     *,
     beam_size: int,
-    max_decode_length: int,
     alpha: float = 0.6,
-    eos_id: int = EOS_ID,
-    min_length: int = 0,
-    start_tokens: jax.Array | None = None,
-    resize_cache: ResizeCache | None = None,
-    first_cache_length: int = FIRST_CACHE_LENGTH,
     rule: str = "t5x",
+    **fields,
 ) -> tuple[jax.Array, jax.Array]:
     """Beam search with the GNMT length penalty (docs/spec.md section 8).
 
@@ -724,27 +717,28 @@ def beam_search(
       tokens_to_logits: `(tokens [B * K, 1], cache) -> (logits [B * K, V], cache)`.
       cache: the initial cache with leaves `[B, ...]`; it is expanded to `[B * K, ...]` here,
         except the leaves under a `SHARED` key.
+      loop, fields: as for `greedy`, without a prompt: the length T, EOS, `min_length` (EOS
+        suppressed before it; scores stay the model's log-likelihoods, the other tokens'
+        probabilities are not renormalized), start tokens and cache growth (the cache given to
+        `resize_cache` has `B * K` rows).
       beam_size: K.
-      max_decode_length: T.
       alpha: length penalty exponent (>= 0); 0 ranks by log-probability alone.
-      eos_id: the token that ends a sequence.
-      min_length: EOS is suppressed at positions `< min_length` (scores stay the model's
-        log-likelihoods: the other tokens' probabilities are not renormalized).
-      start_tokens: [B] the first token fed to the model; default PAD.
-      resize_cache, first_cache_length: as for `greedy` (the cache given to `resize_cache` has
-        `B * K` rows).
       rule: "t5x" or "hf", which candidates may finish (above).
 
     Returns:
       sequences [B, K, T] int32 (zeros after EOS) and scores [B, K] float32, best first.
     """
+    loop = DecodeLoop.of(loop, **fields)
+    if loop.prompt is not None:
+        raise ValueError("Beam search takes no forced prompt; decode it greedily or by sampling.")
+    max_decode_length, min_length, eos_id = loop.max_decode_length, loop.min_length, loop.eos_id
     _validate_lengths(max_decode_length, min_length)
     if beam_size < 1 or alpha < 0:
         raise ValueError(f"Expected beam_size >= 1 and alpha >= 0, got {beam_size}, {alpha}.")
     if rule not in BEAM_RULES:
         raise ValueError(f"Expected rule in {BEAM_RULES}, got {rule!r}.")
     batch_size = cache_batch_size(cache)
-    start = _start_tokens(start_tokens, batch_size)
+    start = _start_tokens(loop.start_tokens, batch_size)
     empty = jnp.full((batch_size, beam_size), NEG_INF, jnp.float32)
     initial = _BeamState(
         step=jnp.array(0, jnp.int32),
@@ -777,8 +771,8 @@ def beam_search(
         body,
         initial,
         max_decode_length=max_decode_length,
-        resize_cache=resize_cache,
-        first_cache_length=first_cache_length,
+        resize_cache=loop.resize_cache,
+        first_cache_length=loop.first_cache_length,
     )
     if rule == "hf":
         return final.finished_seqs, final.finished_scores

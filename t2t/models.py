@@ -246,15 +246,16 @@ class BaseModel(abc.ABC):
         config = decoding.DecodingConfig.of(config, **overrides)
         max_decode_length = config.max_decode_length or self._default_length(batch)
         rows = self._batch_size(batch) * (config.beam_size if config.method == "beam" else 1)
+        platform = jax.default_backend()  # where this decode runs: the step's matmul order
         tokens_to_logits, cache, start = self._setup_maybe_ensemble(
-            params, batch, max_decode_length, config.uses_kernel_first_steps(rows)
+            params, batch, max_decode_length, config.uses_kernel_first_steps(rows, platform)
         )
         offset = self._cache_offset(batch)
 
         def resize_cache(cache, steps: int):
             return t2t_nn.resize_cache(cache, offset + steps)
 
-        common = dict(
+        loop = decoding.DecodeLoop(
             max_decode_length=max_decode_length,
             min_length=config.min_length,
             start_tokens=start,
@@ -262,7 +263,7 @@ class BaseModel(abc.ABC):
             first_cache_length=config.first_cache_length,
         )
         if config.method == "greedy":
-            return decoding.greedy(tokens_to_logits, cache, **common), {}
+            return decoding.greedy(tokens_to_logits, cache, loop), {}
         if config.method == "sample":
             if rng is None:
                 raise ValueError("method='sample' needs rng, a PRNG key.")
@@ -270,19 +271,19 @@ class BaseModel(abc.ABC):
                 tokens_to_logits,
                 cache,
                 rng,
+                loop,
                 temperature=config.temperature,
                 top_k=config.top_k,
                 top_p=config.top_p,
-                **common,
             )
             return tokens, {}
         beams, scores = decoding.beam_search(
             tokens_to_logits,
             cache,
+            loop,
             beam_size=config.beam_size,
             alpha=config.alpha,
             rule=config.beam_rule,
-            **common,
         )
         return beams[:, 0], {"scores": scores[:, 0], "beams": beams, "beam_scores": scores}
 

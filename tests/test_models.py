@@ -194,13 +194,15 @@ def test_kernel_first_steps_decide_per_decode_and_keep_the_tokens(pair):
     search give the same tokens."""
     _, model, params = pair
     low, high = decoding.KERNEL_FIRST_ROWS
-    assert jax.default_backend() == "cpu"
     default = decoding.DecodingConfig()
-    assert default.uses_kernel_first_steps(low) and default.uses_kernel_first_steps(high)
-    assert not default.uses_kernel_first_steps(low - 1)
-    assert not default.uses_kernel_first_steps(high + 1)
-    assert decoding.DecodingConfig(kernel_first_steps=True).uses_kernel_first_steps(1024)
-    assert not decoding.DecodingConfig(kernel_first_steps=False).uses_kernel_first_steps(4)
+    assert default.uses_kernel_first_steps(low, "cpu")
+    assert default.uses_kernel_first_steps(high, "cpu")
+    assert not default.uses_kernel_first_steps(low - 1, "cpu")
+    assert not default.uses_kernel_first_steps(high + 1, "cpu")
+    assert not default.uses_kernel_first_steps(low, "gpu")  # the caller's platform decides
+    assert not default.uses_kernel_first_steps(low, "tpu")
+    assert decoding.DecodingConfig(kernel_first_steps=True).uses_kernel_first_steps(1024, "tpu")
+    assert not decoding.DecodingConfig(kernel_first_steps=False).uses_kernel_first_steps(4, "cpu")
     with pytest.raises(ValueError, match="kernel_first_steps"):
         decoding.DecodingConfig(kernel_first_steps="yes")
     batch = {"encoder_input_tokens": _batch(rng_seed=5)["encoder_input_tokens"]}

@@ -72,12 +72,14 @@ def eval_batches(
             "An eval set that repeats forever needs num_batches; set num_epochs=1 or a number of "
             "batches."
         )
-    dataset = pipeline.build_dataset(config)
-    if num_batches is not None:
-        dataset = dataset.take(num_batches)
+    pipeline.check_readable(config)  # a missing task or file fails now, not at the first eval
+    built = []  # the tf.data graph, built at the first call: a run that never evaluates skips it
 
     def batches() -> Iterator[Batch]:
-        for batch in dataset.as_numpy_iterator():
+        if not built:
+            dataset = pipeline.build_dataset(config)
+            built.append(dataset.take(num_batches) if num_batches is not None else dataset)
+        for batch in built[0].as_numpy_iterator():
             yield pad_batch(batch, config.per_host_batch_size)
 
     return batches

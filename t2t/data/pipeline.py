@@ -90,14 +90,21 @@ def build_dataset(config: PipelineConfig):
     return build_dataset_and_subset(config)[0]
 
 
+def check_readable(config: PipelineConfig):
+    """The task or mixture of `config`, checked readable offline with its lengths (what
+    `build_dataset` checks first, without building the tf.data graph); returns (provider,
+    lengths)."""
+    provider = registry.get_task_or_mixture(config.mixture_or_task)
+    registry.check_ready(provider, use_cached=config.use_cached)
+    return provider, _lengths_for(provider, config.task_feature_lengths)
+
+
 def build_dataset_and_subset(config: PipelineConfig):
     """`build_dataset`, and the description of the subset kept (None without `max_examples`)."""
     tf_setup.hide_accelerators_from_tensorflow()
     import tensorflow as tf
 
-    provider = registry.get_task_or_mixture(config.mixture_or_task)
-    registry.check_ready(provider, use_cached=config.use_cached)
-    lengths = _lengths_for(provider, config.task_feature_lengths)
+    provider, lengths = check_readable(config)
     has_inputs = features.task_has_inputs(provider)
     # seqio's Task.get_dataset has trimmed the examples to `lengths` already; no trim stage, so
     # the tf.data graph (and the iterator positions saved with checkpoints) stays as it was.

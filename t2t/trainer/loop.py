@@ -113,7 +113,34 @@ class Trainer:
                                InputPipeline(config), learning_rate=schedule,
                                checkpoints=CheckpointOptions(every=100))
       trainer.train(1000)   # from /runs/demo's latest checkpoint, if it has one
+
+    Args:
+      model: a `t2t.models` wrapper (its `config`, `loss_fn`).
+      tx: the optimizer as the run applies it (`init.optimizer_for`).
+      partitioner: the mesh and logical-axis rules of the run.
+      train_data: this host's numpy batches; with `save`/`restore` (an `InputPipeline`) its
+        position is checkpointed.
+      state: where training starts (`init.init_or_restore`); the trainer advances it.
+      manager: the model directory's checkpoints (`open_checkpoints`).
+      evaluation: what is evaluated, how often, and the watchers of the results.
+      checkpoint_every: save every this many steps (and at the end).
+      eval_data: eval set name -> function returning an iterable of numpy batches
+        (`batches.eval_batches`).
+      metadata: saved with every checkpoint besides the trainer's own keys (vocabulary,
+        mixture_or_task, task_feature_lengths).
+      learning_rate: the schedule (or constant) `tx` uses, for logging only.
+      num_microbatches: microbatches per step (gradient accumulation).
+      seed: seeds dropout.
+      log_every: fetch metrics, log them and check them every this many steps.
+      progress: show the console progress bar.
     """
+
+    # What the latest call to `train` did so far (set as it goes).
+    compile_seconds: float | None = None  # the train step's compile time
+    _train_step: Callable | None = None  # compiled at the first batch (its shapes are needed)
+    _evaluated_at: int | None = None  # the step of the latest evaluation
+    _saved_step: int | None = None  # the step of the latest checkpoint this run saved
+    _stop_signal: int | None = None  # SIGTERM or SIGINT received
 
     def __init__(
         self,
@@ -134,52 +161,24 @@ class Trainer:
         log_every: int = 100,
         progress: bool = True,
     ):
-        """
-        Args:
-          model: a `t2t.models` wrapper (its `config`, `loss_fn`).
-          tx: the optimizer as the run applies it (`init.optimizer_for`).
-          partitioner: the mesh and logical-axis rules of the run.
-          train_data: this host's numpy batches; with `save`/`restore` (an `InputPipeline`)
-            its position is checkpointed.
-          state: where training starts (`init.init_or_restore`); the trainer advances it.
-          manager: the model directory's checkpoints (`open_checkpoints`).
-          evaluation: what is evaluated, how often, and the watchers of the results.
-          checkpoint_every: save every this many steps (and at the end).
-          eval_data: eval set name -> function returning an iterable of numpy batches
-            (`batches.eval_batches`).
-          metadata: saved with every checkpoint besides the trainer's own keys (vocabulary,
-            mixture_or_task, task_feature_lengths).
-          learning_rate: the schedule (or constant) `tx` uses, for logging only.
-          num_microbatches: microbatches per step (gradient accumulation).
-          seed: seeds dropout.
-          log_every: fetch metrics, log them and check them every this many steps.
-          progress: show the console progress bar.
-        """
         options.check_count("log_every", log_every, (False, False))
         options.check_count("checkpoint_every", checkpoint_every, (False, False))
         self.model, self.tx, self.partitioner = model, tx, partitioner
         self.config: t2t_nn.TransformerConfig = model.config
         self.train_data, self.state, self.manager = train_data, state, manager
-        self.model_dir = manager.model_dir
+        self.model_dir, self.is_chief = manager.model_dir, jax.process_index() == 0
         self.evaluation, self.checkpoint_every = evaluation, checkpoint_every
-        self.eval_data = dict(eval_data or {})
+        self.eval_data, self.metadata = dict(eval_data or {}), dict(metadata or {})
         self.evaluators = [
             make(model=model, partitioner=partitioner) for make in evaluation.evaluators
         ]
-        self.metadata = dict(metadata or {})
         self.learning_rate, self.num_microbatches = learning_rate, num_microbatches
         self.log_every, self.progress_enabled = log_every, progress
-        self.is_chief = jax.process_index() == 0  # writes the run-level files
         self.rng = jax.random.PRNGKey(seed)
-        self._train_step = None  # compiled at the first batch (its shapes are needed)
         self._eval_step = jax.jit(steps.make_eval_step(model))
         self.history: list[tuple[int, dict[str, float]]] = []  # (step, train scalars) this run
         self.eval_history: list[tuple[int, dict[str, float]]] = []
-        self.compile_seconds: float | None = None
-        self._evaluated_at: int | None = None  # the step of the latest evaluation
-        self._saved_step: int | None = None  # the step of the latest checkpoint this run saved
         self._uncommitted: list[int] = []  # saved steps not yet reported as committed
-        self._stop_signal: int | None = None  # SIGTERM or SIGINT received
         self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
         self._window_start = time.perf_counter()
         self._writers = {name: reporting.writer(self.model_dir, name) for name in ("train", "eval")}

@@ -474,3 +474,37 @@ def test_chunked_top_k_equals_lax_top_k_with_ties(vocab, k):
 def test_beam_slots_keep_parents_docstring_example():
     slots = decoding._slots_keeping_parents(jnp.array([[2, 2, 0, 2], [0, 1, 2, 3], [3, 3, 3, 3]]))
     np.testing.assert_array_equal(slots, [[2, 1, 0, 3], [0, 1, 2, 3], [3, 0, 1, 2]])
+
+
+def test_a_decode_loop_spec_equals_its_fields_as_keywords():
+    """`DecodeLoop` is what greedy, sampling and beam search share; given whole or as keywords
+    (over a given one) the tokens are the same, and an unknown name is refused."""
+    fn, cache = _markov(_table(ROWS)), _cache(2)
+    loop = decoding.DecodeLoop(max_decode_length=6, min_length=2)
+    np.testing.assert_array_equal(
+        decoding.greedy(fn, cache, loop),
+        decoding.greedy(fn, cache, max_decode_length=6, min_length=2),
+    )
+    longer = decoding.greedy(fn, cache, loop, max_decode_length=8)
+    assert longer.shape == (2, 8)
+    np.testing.assert_array_equal(
+        longer, decoding.greedy(fn, cache, max_decode_length=8, min_length=2)
+    )
+    rng = jax.random.PRNGKey(0)
+    np.testing.assert_array_equal(
+        decoding.sample(fn, cache, rng, loop, temperature=0.5),
+        decoding.sample(fn, cache, rng, max_decode_length=6, min_length=2, temperature=0.5),
+    )
+    with pytest.raises(TypeError, match="'min_lenght': did you mean 'min_length'"):
+        decoding.greedy(fn, cache, max_decode_length=6, min_lenght=2)
+    with pytest.raises(TypeError, match="needs max_decode_length"):
+        decoding.greedy(fn, cache, min_length=2)
+    with pytest.raises(ValueError, match="takes no forced prompt"):
+        decoding.beam_search(
+            fn,
+            cache,
+            loop,
+            beam_size=2,
+            prompt=np.zeros((2, 6), np.int32),
+            prompt_lengths=np.ones(2),
+        )
