@@ -80,7 +80,7 @@ class Stage:
             raise ValueError(f"Stage {self.name!r} names no gin file.")
 
     def selection(self, directory: str) -> str:
-        """The checkpoint spec the next stage starts from (`t2t.trainer.init.resolve`)."""
+        """The checkpoint spec the next stage starts from (`t2t.trainer.sources.resolve`)."""
         return f"{directory}@{'last' if self.select == 'last' else 'best:' + self.select}"
 
 
@@ -158,9 +158,9 @@ def run(
                 flush=True,
             )
             runs.train()
-        from t2t.trainer import init
+        from t2t.trainer import sources
 
-        record["selected_step"] = init.resolve(record["selection"])[1] or _latest(directory)
+        record["selected_step"] = sources.resolve(record["selection"])[1] or _latest(directory)
         records.append(record)
         _write_record(model_dir, records)
     return {"stages": records}

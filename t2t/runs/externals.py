@@ -26,9 +26,9 @@ def checkpoint_model_config(path: str, **overrides) -> TransformerConfig:
       path: a HF T5 directory (read from its `config.json`) or a t2t model directory (read
         from its latest checkpoint's metadata).
     """
-    from t2t.trainer import init
+    from t2t.trainer import sources
 
-    return init.source_config(path, **overrides)
+    return sources.source_config(path, **overrides)
 
 
 def _register_externals() -> dict[str, Callable]:

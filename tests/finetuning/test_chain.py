@@ -216,16 +216,16 @@ def test_a_stage_prefixed_binding_reaches_that_stage_only():
 
 
 def test_checkpoint_specs_name_a_step(tmp_path):
-    from t2t.trainer import init
+    from t2t.trainer import sources
 
-    assert init.resolve("/runs/a@1200") == ("/runs/a", 1200)
-    assert init.resolve("/runs/a@last") == ("/runs/a", None)
-    assert init.resolve("/runs/a") == ("/runs/a", None)
+    assert sources.resolve("/runs/a@1200") == ("/runs/a", 1200)
+    assert sources.resolve("/runs/a@last") == ("/runs/a", None)
+    assert sources.resolve("/runs/a") == ("/runs/a", None)
     odd = tmp_path / "name@3"  # an existing directory is taken as it is
     odd.mkdir()
-    assert init.resolve(str(odd)) == (str(odd), None)
+    assert sources.resolve(str(odd)) == (str(odd), None)
     with pytest.raises(ValueError, match="No checkpoint of .* was saved with 'x/accuracy'"):
-        init.best_step(str(tmp_path), "x/accuracy")
+        sources.best_step(str(tmp_path), "x/accuracy")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import t2t.nn as tn
 from t2t import optim
 from t2t.finetuning import FineTuning, depths_of_config, groups
 from t2t.partitioning import make_partitioner
-from t2t.trainer import init
+from t2t.trainer import sources
 
 BASE = tn.get_preset(
     "tiny",
@@ -63,13 +63,13 @@ def adapted(config, base_params, reinit=(), prompt_init="random"):
     source = nnx.to_pure_dict(base_params)
     if config.scan_layers:
         source = tn.stack_layers(source)
-    merged, started = init._fill(fresh, source, list(reinit))
+    merged, started = sources._fill(fresh, source, list(reinit))
     if config.prompt_length and prompt_init == "vocabulary":
-        merged["prompt"]["embedding"], tokens = init._prompt_from_vocabulary(
+        merged["prompt"]["embedding"], tokens = sources._prompt_from_vocabulary(
             merged["token_embedder"]["embedding"], config.prompt_length, seed=0
         )
-        return init._place(merged, abstract), started, tokens
-    return init._place(merged, abstract), started
+        return sources._place(merged, abstract), started, tokens
+    return sources._place(merged, abstract), started
 
 
 # -- groups ---------------------------------------------------------------------------------------

@@ -102,10 +102,21 @@ METHODS = {
 }
 
 
+@pytest.fixture(scope="module")
+def straight_lora(pretrained, tmp_path_factory):
+    """3 LoRA steps without a stop: the lora case below and the resume test's reference."""
+    path = tmp_path_factory.mktemp("lora")
+    files, bindings, _ = METHODS["lora"]
+    return path, finetune(pretrained, path, files, *bindings)
+
+
 @pytest.mark.parametrize("method", list(METHODS))
-def test_only_the_methods_parameters_move(pretrained, tmp_path, method):
+def test_only_the_methods_parameters_move(pretrained, tmp_path, method, request):
     files, bindings, may_move = METHODS[method]
-    summary = finetune(pretrained, tmp_path, files, *bindings)
+    if method == "lora":
+        tmp_path, summary = request.getfixturevalue("straight_lora")
+    else:
+        summary = finetune(pretrained, tmp_path, files, *bindings)
     assert summary["last_step"] == 3 and np.isfinite(summary["last_loss"])
     before, _ = flat_params(pretrained)
     after, metadata = flat_params(tmp_path)
@@ -122,13 +133,12 @@ def test_only_the_methods_parameters_move(pretrained, tmp_path, method):
         assert len(metadata["initialized_from"]["prompt_tokens"]) == 3
 
 
-def test_a_lora_run_resumes_and_continues_exactly(pretrained, tmp_path):
+def test_a_lora_run_resumes_and_continues_exactly(pretrained, straight_lora, tmp_path):
     """Resume composes with the method: 3 steps straight equal 2 steps, stop, 1 more."""
     files, bindings, _ = METHODS["lora"]
-    finetune(pretrained, tmp_path / "straight", files, *bindings)
     finetune(pretrained, tmp_path / "resumed", files, *bindings, steps=2)
     finetune(pretrained, tmp_path / "resumed", files, *bindings)
-    straight, _ = flat_params(tmp_path / "straight")
+    straight, _ = flat_params(straight_lora[0])
     resumed, _ = flat_params(tmp_path / "resumed")
     assert straight.keys() == resumed.keys()
     for path in straight:

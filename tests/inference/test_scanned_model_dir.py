@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 from t2t import inference, nn, partitioning, release
 from t2t.checkpoints import averaging
-from t2t.trainer import init
+from t2t.trainer import sources
 
 from .conftest import write_model_dir
 
@@ -78,7 +78,9 @@ def test_fine_tuning_converts_a_checkpoint_of_the_other_layout(
     _, scanned_dir = twin_dirs(tmp_path, config, {10: params_a}, vocabulary_file)
     partitioner = partitioning.make_partitioner(2, 4, mode="fsdp")
     _, abstract = partitioner.abstract_model(lambda: nn.build(config, nnx.Rngs(params=0)))
-    params, description = init.load_params(scanned_dir, config, abstract, partitioner=partitioner)
+    params, description = sources.load_params(
+        scanned_dir, config, abstract, partitioner=partitioner
+    )
     assert description["step"] == 10
     for got, want, target in zip(
         jax.tree.leaves(params), jax.tree.leaves(params_a), jax.tree.leaves(abstract), strict=True

@@ -24,8 +24,8 @@ def config(architecture="encoder_decoder", **overrides):
         d_ff=64,
         d_kv=8,
         num_heads=4,
-        num_encoder_layers=3,
-        num_decoder_layers=3,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
         dropout_rate=0.1,
     )
     return tn.get_preset("tiny", architecture=architecture, **{**fields, **layers, **overrides})
@@ -82,7 +82,7 @@ def test_scanned_init_is_the_stacked_unscanned_init():
     scanned = models.model_for(config(scan_layers=True)).init_params(jax.random.PRNGKey(3))
     scanned = nnx.to_pure_dict(scanned)
     assert "layers" in scanned["encoder"] and "layers_0" not in scanned["encoder"]
-    assert scanned["encoder"]["layers"]["mlp"]["wi_0"]["kernel"].shape == (3, 32, 64)
+    assert scanned["encoder"]["layers"]["mlp"]["wi_0"]["kernel"].shape == (2, 32, 64)
     expected = tn.stack_layers(nnx.to_pure_dict(flat))
     for got, want in zip(jax.tree.leaves(scanned), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(got, want)
@@ -91,7 +91,7 @@ def test_scanned_init_is_the_stacked_unscanned_init():
 def test_stacked_parameters_carry_the_layers_axis_first():
     abstract = nnx.eval_shape(lambda: tn.build(config(scan_layers=True), nnx.Rngs(0)))
     kernel = abstract.encoder.layers.attention.query.kernel
-    assert kernel.shape == (3, 32, 32)
+    assert kernel.shape == (2, 32, 32)
     assert kernel.get_metadata()["out_sharding"] == (axes.LAYERS, axes.EMBED, axes.JOINED_KV)
     relpos = abstract.encoder.relpos_bias.rel_embedding  # per stack, not per layer
     assert axes.LAYERS not in relpos.get_metadata()["out_sharding"]

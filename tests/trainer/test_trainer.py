@@ -15,7 +15,7 @@ from t2t import models, optim, partitioning
 from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.checkpoints.manager import CheckpointManager
-from t2t.trainer import NonFiniteError, Trainer, init, reporting, steps
+from t2t.trainer import NonFiniteError, Trainer, init, reporting, sources, steps
 from t2t.trainer.options import CheckpointOptions, EvalOptions
 
 CONFIG = t2t_nn.get_preset("tiny", vocab_size=128, dropout_rate=0.1)
@@ -228,7 +228,7 @@ def test_start_from_hf_and_t2t_checkpoints(tmp_path, single_run):
             init_checkpoint=str(tmp_path / "hf"),
         )
     with pytest.raises(FileNotFoundError, match="HF T5 directory"):
-        init.checkpoint_kind(str(tmp_path))
+        sources.checkpoint_kind(str(tmp_path))
 
 
 def test_run_directory_has_summaries_curve_and_metadata(single_run):
@@ -325,10 +325,10 @@ def test_hf_directory_is_recognized(tmp_path):
     with open(tmp_path / "hf" / "config.json", "w") as f:
         json.dump(hf.hf_config_from_config(CONFIG), f)
     with pytest.raises(FileNotFoundError):
-        init.checkpoint_kind(str(tmp_path / "hf"))  # no weights yet
+        sources.checkpoint_kind(str(tmp_path / "hf"))  # no weights yet
     (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
-    assert init.checkpoint_kind(str(tmp_path / "hf")) == init.HF
-    assert init.source_config(str(tmp_path / "hf"), dropout_rate=0.0) == CONFIG.replace(
+    assert sources.checkpoint_kind(str(tmp_path / "hf")) == sources.HF
+    assert sources.source_config(str(tmp_path / "hf"), dropout_rate=0.0) == CONFIG.replace(
         dropout_rate=0.0
     )
 
