@@ -41,7 +41,7 @@ import tempfile
 import time
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
-SMALL = [  # the suite's shrunk demo network (tests/test_runs.py), checkpointing often
+SMALL = [  # the suite's shrunk demo network (tests/runs/test_train_run.py), checkpointing often
     "t2t.nn.get_preset.d_model=64",
     "t2t.nn.get_preset.d_ff=128",
     "t2t.nn.get_preset.num_heads=2",

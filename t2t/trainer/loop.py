@@ -161,17 +161,15 @@ class Trainer:
         log_every: int = 100,
         progress: bool = True,
     ):
-        options.check_count("log_every", log_every, (False, False))
-        options.check_count("checkpoint_every", checkpoint_every, (False, False))
+        for name, count in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
+            options.check_count(name, count, (False, False))
         self.model, self.tx, self.partitioner = model, tx, partitioner
         self.config: t2t_nn.TransformerConfig = model.config
         self.train_data, self.state, self.manager = train_data, state, manager
         self.model_dir, self.is_chief = manager.model_dir, jax.process_index() == 0
         self.evaluation, self.checkpoint_every = evaluation, checkpoint_every
         self.eval_data, self.metadata = dict(eval_data or {}), dict(metadata or {})
-        self.evaluators = [
-            make(model=model, partitioner=partitioner) for make in evaluation.evaluators
-        ]
+        self.evaluators = [f(model=model, partitioner=partitioner) for f in evaluation.evaluators]
         self.learning_rate, self.num_microbatches = learning_rate, num_microbatches
         self.log_every, self.progress_enabled = log_every, progress
         self.rng = jax.random.PRNGKey(seed)
@@ -181,9 +179,7 @@ class Trainer:
         self._uncommitted: list[int] = []  # saved steps not yet reported as committed
         self._pending: list[tuple[int, dict[str, jax.Array]]] = []  # dispatched, not fetched
         self._window_start = time.perf_counter()
-        self._writers = {name: reporting.writer(self.model_dir, name) for name in ("train", "eval")}
-        for writer in self._writers.values():
-            writer.restart(self.step + 1)
+        self._writers = reporting.run_writers(self.model_dir, self.step + 1)  # train, eval
         self._curve_train, self._curve_eval = self._earlier_curves()
 
     @classmethod

@@ -90,12 +90,18 @@ class ScalarWriter:
         self._writer.close()
 
 
-def writer(model_dir: str, name: str) -> ScalarWriter | NoWriter:
-    """The TensorBoard writer of `<model_dir>/<name>` on process 0; a no-op writer elsewhere
-    (only process 0 writes run-level files)."""
-    if jax.process_index() != 0:
-        return NoWriter()
-    return ScalarWriter(os.path.join(model_dir, name))
+def run_writers(model_dir: str, first_step: int) -> dict[str, ScalarWriter | NoWriter]:
+    """The TensorBoard writers of `<model_dir>/train` and `<model_dir>/eval` on process 0,
+    (re)started at `first_step` (`ScalarWriter.restart`); no-op writers elsewhere (only
+    process 0 writes run-level files)."""
+    writers = {}
+    for name in ("train", "eval"):
+        if jax.process_index() != 0:
+            writers[name] = NoWriter()
+            continue
+        writers[name] = ScalarWriter(os.path.join(model_dir, name))
+        writers[name].restart(first_step)
+    return writers
 
 
 def read_scalars(directory: str, max_step: int | None = None) -> dict[str, list[tuple[int, float]]]:

@@ -2,7 +2,7 @@
 corpus, a few steps on the built-in supervised task with the method's gin file, then the saved
 parameters compared bit for bit with the pretrained ones: exactly the intended ones moved.
 
-The network is shrunk by gin bindings (as in tests/test_runs.py) so each run takes seconds.
+The network is shrunk by gin bindings (as in tests/runs/test_train_run.py) so each run takes seconds.
 """
 
 import gin

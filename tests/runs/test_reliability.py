@@ -1,7 +1,7 @@
 """Reliability of `t2t` runs end to end: damaged checkpoints, preemption, one writer, and bad
 input answered with a message and exit 2 (never a traceback).
 
-The runs are the suite's shrunk demo (tests/test_runs.py): real data, gin, checkpoints. A straight
+The runs are the suite's shrunk demo (tests/runs/test_train_run.py): real data, gin, checkpoints. A straight
 9-step run is the reference every interrupted or damaged run must end identical to.
 """
 
