@@ -10,7 +10,8 @@ prints, so a chain can also be launched stage by stage by hand or by a cluster s
 Rerunning the command resumes: finished stages are skipped (their selection is read again
 from their checkpoints) and an interrupted stage resumes from its latest checkpoint, so a
 killed chain ends exactly as an uninterrupted one. `<MODEL_DIR>/chain.json` records each
-stage's directory, start, selection and command.
+stage's directory, start, selection and command, and for a stage this invocation trained, its
+steps and wall time (what `t2t study --plan` estimates a study's time from).
 
 A chain file binds `t2t.chain.run.stages` to a list of dicts (gin literals):
 
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -128,7 +130,8 @@ def run(
 
     Returns:
       {"stages": [per-stage record: name, model_dir, init_checkpoint, selection,
-      selected_step, command, skipped]}, also written to `<model_dir>/chain.json`.
+      selected_step, command, train_steps, skipped, and for a stage trained here its
+      trained_steps and seconds]}, also written to `<model_dir>/chain.json`.
     """
     from t2t import runs
 
@@ -157,7 +160,11 @@ def run(
                 + (f" (from {previous})" if previous else ""),
                 flush=True,
             )
+            start_step = step_in(directory)
+            started = time.perf_counter()
             runs.train()
+            record["seconds"] = round(time.perf_counter() - started, 1)
+            record["trained_steps"] = step_in(directory) - start_step
         from t2t.trainer import sources
 
         record["selected_step"] = sources.resolve(record["selection"])[1] or _latest(directory)
@@ -181,7 +188,7 @@ def validate(
 
     Returns:
       Per stage: the `Stage`, its gin bindings, and its record (name, model_dir,
-      init_checkpoint, selection, command).
+      init_checkpoint, selection, command, train_steps).
 
     Raises:
       UserError: naming the stage and its files, with what is wrong and how to fix it.
@@ -215,6 +222,9 @@ def validate(
             "init_checkpoint": previous,
             "selection": stage.selection(directory),
             "command": command_line(stage.gin_files, stage_bindings),
+            "train_steps": _macro_value(
+                gin.get_bindings("t2t.runs.train", resolve_references=False).get("train_steps")
+            ),
         }
         plan.append((stage, stage_bindings, record))
         previous = record["selection"]
@@ -337,6 +347,13 @@ def _latest(directory: str) -> int | None:
         return manager.latest_step()
     finally:
         manager.close()
+
+
+def step_in(directory: str) -> int:
+    """The step of the stage directory's latest checkpoint; 0 before its first."""
+    if not os.path.isdir(os.path.join(directory, "checkpoints")):
+        return 0
+    return _latest(directory) or 0
 
 
 def command_line(gin_files: Sequence[str], bindings: Sequence[str]) -> str:

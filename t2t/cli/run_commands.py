@@ -128,8 +128,20 @@ def add_study(subparsers) -> None:
     parser.add_argument(
         "--plan",
         metavar="STUDY_JSON",
-        help="train nothing; print the grid's size and the seeds each pair of arms the paper "
-        "scores needs, from the per-seed spread of a finished study (its study.json)",
+        nargs="?",
+        const="",
+        help="train nothing; print the grid's size and the wall time of what is left to train "
+        "(from the stages timed under --plan_timing); given a finished study's study.json, "
+        "also the seeds each pair of arms the paper scores needs, from that study's per-seed "
+        "spread",
+    )
+    parser.add_argument(
+        "--plan_timing",
+        type=lambda s: [d.strip() for d in s.split(",") if d.strip()],
+        default=[],
+        metavar="DIR[,DIR]",
+        help="with --plan: study directories whose finished stages (their chain.json) give the "
+        "seconds per step (default: the study's own directory and that of --plan's study)",
     )
     parser.add_argument(
         "--plan_arms",
@@ -164,6 +176,9 @@ def add_study(subparsers) -> None:
             )
         configure(args)
         overrides = {"print_commands": args.print_commands, "aggregate_only": args.aggregate_only}
+        if args.plan is not None:
+            overrides["plan"] = True
+            overrides["plan_timing"] = args.plan_timing
         if args.plan:
             if not os.path.isfile(args.plan):
                 raise UserError(

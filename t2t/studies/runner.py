@@ -33,8 +33,8 @@ import gin
 
 from t2t import chain
 from t2t.errors import UserError
-from t2t.studies import aggregate, baselines, power, report
-from t2t.studies import paper as paper_lib
+from t2t.studies import aggregate, baselines, report
+from t2t.studies import plan as plan_lib
 
 SCORE_FILE = "score.json"
 BASELINES_FILE = "baselines.json"
@@ -230,8 +230,10 @@ def run(
     paper: Mapping[str, Any] | None = None,
     print_commands: bool = False,
     aggregate_only: bool = False,
+    plan: bool = False,
     plan_from: str | None = None,
     plan_arms: Sequence[str] = (),
+    plan_timing: Sequence[str] = (),
     search_paths: Sequence[str] = (),
     only_arms: Sequence[str] = (),
 ) -> dict[str, Any] | None:
@@ -251,10 +253,15 @@ def run(
         to order the arms against (`t2t.studies.paper`).
       print_commands: print the runs' commands, train nothing, return None.
       aggregate_only: train nothing; aggregate the runs that have scores.
-      plan_from: train nothing; print how many runs the grid has and, from the per-seed
-        spread of the finished study whose study.json this is, the seeds each pair of arms
-        the paper scores needs (`t2t.studies.power`); return None.
+      plan: train nothing; print how many runs the grid has and the wall time of what is left
+        to train, from the measured stages under `plan_timing` (`t2t.studies.plan`); return
+        None.
+      plan_from: as `plan`, and from the per-seed spread of the finished study whose
+        study.json this is, the seeds each pair of arms the paper scores needs
+        (`t2t.studies.power`).
       plan_arms: the arms of that finished study whose spread counts (default: all).
+      plan_timing: directories of finished runs whose timed stages give the seconds per step
+        (default: `study_dir`, and the study_dir of `plan_from`'s study).
       search_paths: extra gin search paths.
       only_arms: run and aggregate only these arms (names), in the file's order; the baseline
         arm is the first of them unless `baseline_arm` names another.
@@ -275,8 +282,22 @@ def run(
     if print_commands:
         _print_commands(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
         return None
-    if plan_from:
-        print(_plan(name, arms, tasks, seeds, paper, plan_from, plan_arms))
+    if plan or plan_from:
+        print(
+            _plan(
+                grid,
+                study_dir,
+                bindings,
+                task_feature_lengths,
+                corpus,
+                search_paths,
+                name=name,
+                paper=paper,
+                plan_from=plan_from,
+                plan_arms=plan_arms,
+                plan_timing=plan_timing,
+            )
+        )
         return None
     if not aggregate_only:
         _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
@@ -418,45 +439,18 @@ def _eval_command(model_dir: str, task: str, run_dir: str) -> str:
     )
 
 
-def _plan(name, arms, tasks, seeds, paper, plan_from: str, plan_arms: Sequence[str]) -> str:
-    """The study's size and the seeds its paper pairs need, as printed by `t2t study --plan`."""
-    with open(plan_from) as f:
-        spread = power.spread_of(json.load(f), plan_arms)
-    lines = [
-        f"{name}: {len(arms)} arms x {len(tasks)} tasks x {len(seeds)} seeds = "
-        f"{len(arms) * len(tasks) * len(seeds)} runs (shared stages once).",
-        f"Spread from {plan_from}: per-seed std of the suite average "
-        f"{spread['pooled_std']:.2f} pooled ("
-        + ", ".join(f"{arm} {std:.2f}" for arm, std in spread["arm_stds"].items())
-        + f"); best arm {spread['best']:.1f}, constant baseline {spread['constant']:.1f}.",
-    ]
-    rows = (paper or {}).get("rows", {})
-    values = {
-        arm: paper_lib.value(paper["table"], row, paper.get("column", "GLUE"))
-        for arm, row in rows.items()
-        if arm in {a["name"] for a in arms}
-    }
-    values = {arm: v for arm, v in values.items() if v is not None}
-    if len(values) < 2:
-        lines.append("The paper scores fewer than two of these arms: no gap to plan for.")
-        return "\n".join(lines)
-    lines += [
-        f"Seeds per arm for Welch's test at p < {power.ALPHA} with power {power.POWER}, against "
-        f"the paper's gap (Table {paper['table']}, {paper.get('column', 'GLUE')}) carried over "
-        "as a fraction of the distance from the constant baseline to the best arm:",
-        "",
-        "| arms | paper | gap here (points) | seeds per arm |",
-        "|---|---|---|---|",
-    ]
-    for row in power.plan_pairs(
-        values, std=spread["pooled_std"], best=spread["best"], constant=spread["constant"]
-    ):
-        seeds_text = str(row["seeds"]) if row["seeds"] else "more than 1000"
-        lines.append(
-            f"| {row['pair'][0]} vs {row['pair'][1]} | {row['paper'][0]:.2f} vs "
-            f"{row['paper'][1]:.2f} | {row['gap']:.2f} | {seeds_text} |"
+def _plan(grid, study_dir, common, lengths, corpus, search_paths, **options) -> str:
+    """What `t2t study --plan` prints (`t2t.studies.plan`)."""
+    unscored = [
+        (
+            (arm["name"], task),
+            _run_dir(study_dir, arm, task, seed),
+            expand(arm, task, seed, study_dir, common, lengths, corpus),
         )
-    return "\n".join(lines)
+        for arm, task, seed in grid
+        if _read_score(study_dir, arm, task, seed) is None
+    ]
+    return plan_lib.describe(grid, unscored, study_dir, search_paths, **options)
 
 
 def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> None:

@@ -1,13 +1,13 @@
-"""Planning a study's seeds: Welch's test's power from the noncentral t distribution (Cohen's
-table values), the paper's gap carried to our benchmark, the spread read from a study.json, and
-`t2t study --plan` on a micro study."""
+"""Planning a study: Welch's test's power from the noncentral t distribution (Cohen's table
+values), the paper's gap carried to our benchmark, the spread read from a study.json, the wall
+time from timed stages, and `t2t study --plan` on a micro study."""
 
 import json
 
 import pytest
 
 from t2t import cli
-from t2t.studies import power
+from t2t.studies import plan, power
 
 from .test_study import MICRO, SMALL
 
@@ -89,6 +89,73 @@ def test_plan_prints_the_grid_and_the_seeds_of_each_paper_pair(micro, tmp_path, 
     gap = 17.06 / 83.28 * 65.0
     seeds = power.seeds_needed(gap, 12.5**0.5, 12.5**0.5)
     assert f"| pre-trained vs no pre-training | 83.28 vs 66.22 | {gap:.2f} | {seeds} |" in out
+    assert "no timed stage under" in out  # nothing measured yet: no wall time
     assert not (tmp_path / "s").exists()  # nothing trained
     assert cli.main([*argv, f"--plan={tmp_path / 'missing.json'}"]) == 2
     assert "--plan needs a finished study's study.json" in capsys.readouterr().err
+
+
+def test_the_wall_time_is_each_stages_steps_at_its_names_median_rate():
+    rates = {"pretrain": [0.4], "finetune": [0.5, 0.7, 0.9]}
+    stages = [("pretrain", 500), ("finetune", 300), ("finetune", 300), ("scratch", 100)]
+    estimate = plan.wall_time(stages, rates)
+    # scratch was never timed: the median of all four rates, 0.6
+    assert estimate["seconds"] == pytest.approx(500 * 0.4 + 600 * 0.7 + 100 * 0.6)
+    assert estimate["by_name"]["finetune"] == {"stages": 2, "steps": 600, "timed": 3, "rate": 0.7}
+    assert estimate["by_name"]["scratch"]["timed"] == 0
+    assert plan.wall_time(stages, {})["seconds"] is None
+
+
+def _chain_json(directory, stages):
+    directory.mkdir(parents=True)
+    (directory / "chain.json").write_text(json.dumps({"stages": stages}))
+
+
+def test_rates_come_from_the_trained_part_of_each_timed_stage(tmp_path):
+    _chain_json(
+        tmp_path / "a" / "seed0" / "t",
+        [
+            {"name": "pretrain", "skipped": True, "train_steps": 10},  # trained by another run
+            {
+                "name": "finetune",
+                "skipped": False,
+                "train_steps": 10,
+                "trained_steps": 4,
+                "seconds": 8.0,
+            },  # resumed at step 6: 2 s per step
+        ],
+    )
+    _chain_json(
+        tmp_path / "shared",
+        [
+            {
+                "name": "pretrain",
+                "skipped": False,
+                "train_steps": 10,
+                "trained_steps": 10,
+                "seconds": 30.0,
+            }
+        ],
+    )
+    _chain_json(tmp_path / "old", [{"name": "finetune", "skipped": False}])  # not timed
+    assert plan.stage_rates([str(tmp_path)]) == {"finetune": [2.0], "pretrain": [3.0]}
+
+
+def test_plan_estimates_the_wall_time_from_a_timed_study(micro, tmp_path, capsys):
+    timed = tmp_path / "timed"
+    _chain_json(
+        timed / "x",
+        [
+            {"name": "pretrain", "trained_steps": 10, "seconds": 30.0},
+            {"name": "finetune", "trained_steps": 10, "seconds": 10.0},
+        ],
+    )
+    argv = ["study", f"--gin_file={micro}", f"--study_dir={tmp_path / 's'}", "--plan"]
+    assert cli.main([*argv, f"--plan_timing={timed}"]) == 0
+    out = capsys.readouterr().out
+    # Per seed a pretraining, a fine-tuning and a run from scratch of 2 steps each; scratch
+    # untimed takes the median of 3.0 and 1.0 s per step: 2 * 2 * (3 + 1 + 2) = 24 s.
+    assert "Wall time: 4 runs left, 6 stages to train (12 steps): about 24 s" in out
+    assert "scratch 2 x 2 steps at 2.00 s/step (not timed: median of all)" in out
+    assert "Seeds per arm" not in out  # no finished study given for the spread
+    assert not (tmp_path / "s").exists()

@@ -133,6 +133,21 @@ def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
         assert os.path.getsize(study_dir / name) > 0
     assert "| constant baseline |" in (study_dir / "study.md").read_text()
 
+    # Each stage trained here recorded its steps and wall time; the killed one only what the
+    # resuming invocation trained. A third seed's plan is timed from them.
+    records = [
+        r
+        for path in glob.glob(str(study_dir / "**" / "chain.json"), recursive=True)
+        for r in json.load(open(path))["stages"]
+        if not r.get("skipped")
+    ]
+    assert {r["train_steps"] for r in records} == {2}
+    assert all(0 < r["trained_steps"] <= 2 and r["seconds"] > 0 for r in records)
+    assert cli.main([*argv, "--seeds=0,1,2", "--plan"]) == 0
+    printed = capsys.readouterr().out
+    assert "Wall time: 2 runs left, 3 stages to train (6 steps): about" in printed
+    assert "scratch 1 x 2 steps at" in printed and "(median of 2 timed)" in printed
+
     # Seed 0's run of the arm without pretraining, printed and run command by command, gives
     # the same score (one arm: the printed pretraining is a command like any other).
     by_hand = [*argv[:2], f"--study_dir={tmp_path / 'by_hand'}", "--seeds=0"]

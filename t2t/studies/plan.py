@@ -1,0 +1,199 @@
+"""What `t2t study NAME --plan` prints before anything trains: the grid's size, the wall time
+its stages will take, and the seeds each pair of arms the paper scores needs.
+
+The wall time is measured, not modelled: every stage a chain trains records its steps and
+seconds in its `chain.json` (`t2t.chain.run`), so a finished study (or the planned one, part
+done) gives each stage name's seconds per step on the machine that ran it, startup, compiling,
+evaluating and checkpointing included. The estimate is the sum, over the stages still to train
+(shared ones once), of their steps times their name's median rate; a stage name never timed
+takes the median of every timed stage. It holds for the machine and load of the measured runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from t2t import chain
+from t2t.studies import paper as paper_lib
+from t2t.studies import power
+
+CHAIN_FILE = "chain.json"
+
+
+def describe(grid, unscored, study_dir, search_paths, **options) -> str:
+    """The plan: the grid's size, the wall time of what is left to train, and with
+    `options["plan_from"]` (a finished study's study.json) the seeds each paper pair needs.
+
+    Args:
+      grid: every (arm, task, seed) of the study.
+      unscored: ((arm name, task), run directory, stages) of each run without a score.
+      study_dir: the study's directory (where its own finished stages are timed).
+      search_paths: gin search paths of the stages' files.
+      options: name, paper, plan_from, plan_arms, plan_timing as `t2t.studies.run` takes them.
+    """
+    arms = list(dict.fromkeys(arm["name"] for arm, _, _ in grid))
+    tasks = list(dict.fromkeys(task for _, task, _ in grid))
+    seeds = list(dict.fromkeys(seed for _, _, seed in grid))
+    lines = [
+        f"{options['name']}: {len(arms)} arms x {len(tasks)} tasks x {len(seeds)} seeds = "
+        f"{len(grid)} runs (shared stages once)."
+    ]
+    timing = list(options["plan_timing"]) or [study_dir]
+    if not options["plan_timing"] and options["plan_from"]:
+        with open(options["plan_from"]) as f:
+            measured = json.load(f).get("study_dir")
+        if measured and measured not in timing:
+            timing.append(measured)
+    stages = stages_to_train(unscored, search_paths)
+    lines += wall_time_lines(stages, timing, len(unscored))
+    if options["plan_from"]:
+        lines += seeds_lines(arms, options["paper"], options["plan_from"], options["plan_arms"])
+    return "\n".join(lines)
+
+
+def stages_to_train(unscored, search_paths) -> list[tuple[str, int]]:
+    """(name, steps left) of every stage the unscored runs still train, a shared stage once;
+    a stage's steps are its TRAIN_STEPS less the step of its latest checkpoint."""
+    steps: dict[Any, dict[str, int]] = {}
+    left, seen = [], set()
+    for key, run_dir, stages in unscored:
+        if key not in steps:  # the seeds change no stage's steps
+            checked = chain.validate(run_dir, stages, search_paths=search_paths)
+            steps[key] = {record["name"]: record["train_steps"] or 0 for _, _, record in checked}
+        for stage in stages:
+            if stage.directory in seen:
+                continue
+            seen.add(stage.directory)
+            remaining = steps[key][stage.name] - chain.step_in(stage.directory)
+            if remaining > 0:
+                left.append((stage.name, remaining))
+    return left
+
+
+def stage_rates(directories: Iterable[str]) -> dict[str, list[float]]:
+    """Seconds per training step of every timed stage recorded under `directories` (the
+    `chain.json` files anywhere below them), by stage name."""
+    rates: dict[str, list[float]] = {}
+    for top in directories:
+        for root, _, files in os.walk(top):
+            if CHAIN_FILE not in files:
+                continue
+            with open(os.path.join(root, CHAIN_FILE)) as f:
+                records = json.load(f).get("stages", [])
+            for record in records:
+                steps, seconds = record.get("trained_steps"), record.get("seconds")
+                if steps and seconds is not None and not record.get("skipped"):
+                    rates.setdefault(record["name"], []).append(seconds / steps)
+    return rates
+
+
+def wall_time(stages: Sequence[tuple[str, int]], rates: Mapping[str, Sequence[float]]) -> dict:
+    """The estimate for `stages` ((name, train steps) of each stage to train) from `rates`.
+
+    Returns:
+      {"seconds": total or None when nothing was timed, "by_name": {name: {"stages", "steps",
+      "rate", "timed" (how many measured stages gave the rate; 0: the median of all)}}}.
+
+    Example: [("pretrain", 500), ("finetune", 300), ("finetune", 300)] with rates
+    {"pretrain": [0.4], "finetune": [0.5, 0.7]} -> 500 * 0.4 + 600 * 0.6 = 560 s.
+    """
+    every = [r for values in rates.values() for r in values]
+    fallback = statistics.median(every) if every else None
+    by_name: dict[str, dict[str, Any]] = {}
+    for name, steps in stages:
+        entry = by_name.setdefault(name, {"stages": 0, "steps": 0})
+        entry["stages"] += 1
+        entry["steps"] += int(steps)
+    total = 0.0
+    for name, entry in by_name.items():
+        timed = rates.get(name, ())
+        entry["timed"] = len(timed)
+        entry["rate"] = statistics.median(timed) if timed else fallback
+        if entry["rate"] is None:
+            return {"seconds": None, "by_name": by_name}
+        total += entry["rate"] * entry["steps"]
+    return {"seconds": total, "by_name": by_name}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def wall_time_lines(
+    stages: Sequence[tuple[str, int]], timing_dirs: Sequence[str], runs_left: int
+) -> list[str]:
+    """The wall-time part of the plan: what is left to train and how long it takes."""
+    if not stages:
+        return ["Wall time: nothing left to train (every run has its score)."]
+    steps = sum(s for _, s in stages)
+    head = f"Wall time: {runs_left} runs left, {len(stages)} stages to train ({steps:,} steps)"
+    rates = stage_rates(d for d in timing_dirs if os.path.isdir(d))
+    estimate = wall_time(stages, rates)
+    if estimate["seconds"] is None:
+        return [
+            f"{head}; no timed stage under {', '.join(timing_dirs) or 'any directory'} to "
+            "estimate from: train one run of the study (--arms NAME --seeds 0) or give "
+            "--plan_timing=DIR of a finished study run on this machine."
+        ]
+    parts = []
+    for name, entry in estimate["by_name"].items():
+        source = (
+            f"median of {entry['timed']} timed" if entry["timed"] else "not timed: median of all"
+        )
+        parts.append(
+            f"{name} {entry['stages']} x {entry['steps'] // entry['stages']:,} steps at "
+            f"{entry['rate']:.2f} s/step ({source})"
+        )
+    return [
+        f"{head}: about {_duration(estimate['seconds'])} on the machine and load that ran the "
+        f"timed stages under {', '.join(timing_dirs)}.",
+        "  " + "; ".join(parts) + ".",
+    ]
+
+
+def seeds_lines(name_arms: Sequence[str], paper, plan_from: str, plan_arms) -> list[str]:
+    """The seeds part of the plan: the spread of the finished study whose study.json is
+    `plan_from`, and per pair of arms the paper scores, the seeds Welch's test needs."""
+    with open(plan_from) as f:
+        spread = power.spread_of(json.load(f), plan_arms)
+    lines = [
+        f"Spread from {plan_from}: per-seed std of the suite average "
+        f"{spread['pooled_std']:.2f} pooled ("
+        + ", ".join(f"{arm} {std:.2f}" for arm, std in spread["arm_stds"].items())
+        + f"); best arm {spread['best']:.1f}, constant baseline {spread['constant']:.1f}.",
+    ]
+    rows = (paper or {}).get("rows", {})
+    values = {
+        arm: paper_lib.value(paper["table"], row, paper.get("column", "GLUE"))
+        for arm, row in rows.items()
+        if arm in set(name_arms)
+    }
+    values = {arm: v for arm, v in values.items() if v is not None}
+    if len(values) < 2:
+        lines.append("The paper scores fewer than two of these arms: no gap to plan for.")
+        return lines
+    lines += [
+        f"Seeds per arm for Welch's test at p < {power.ALPHA} with power {power.POWER}, against "
+        f"the paper's gap (Table {paper['table']}, {paper.get('column', 'GLUE')}) carried over "
+        "as a fraction of the distance from the constant baseline to the best arm:",
+        "",
+        "| arms | paper | gap here (points) | seeds per arm |",
+        "|---|---|---|---|",
+    ]
+    for row in power.plan_pairs(
+        values, std=spread["pooled_std"], best=spread["best"], constant=spread["constant"]
+    ):
+        seeds_text = str(row["seeds"]) if row["seeds"] else "more than 1000"
+        lines.append(
+            f"| {row['pair'][0]} vs {row['pair'][1]} | {row['paper'][0]:.2f} vs "
+            f"{row['paper'][1]:.2f} | {row['gap']:.2f} | {seeds_text} |"
+        )
+    return lines
