@@ -130,7 +130,7 @@ def run(
 
     Returns:
       {"stages": [per-stage record: name, model_dir, init_checkpoint, selection,
-      selected_step, command, train_steps, skipped, and for a stage trained here its
+      selected_step, command, task, train_steps, skipped, and for a stage trained here its
       trained_steps and seconds]}, also written to `<model_dir>/chain.json`.
     """
     from t2t import runs
@@ -188,7 +188,7 @@ def validate(
 
     Returns:
       Per stage: the `Stage`, its gin bindings, and its record (name, model_dir,
-      init_checkpoint, selection, command, train_steps).
+      init_checkpoint, selection, command, task, train_steps).
 
     Raises:
       UserError: naming the stage and its files, with what is wrong and how to fix it.
@@ -208,7 +208,7 @@ def validate(
                 stage, directory, previous, per_stage[stage.name], search_paths
             )
             runs.configure(stage.gin_files, stage_bindings, search_paths)
-            _check_tasks()
+            task = _check_tasks()
         except Exception as error:  # noqa: BLE001 (the user's mistakes get the stage named)
             if not terminal.is_user_error(error):
                 raise
@@ -222,6 +222,7 @@ def validate(
             "init_checkpoint": previous,
             "selection": stage.selection(directory),
             "command": command_line(stage.gin_files, stage_bindings),
+            "task": task,
             "train_steps": _macro_value(
                 gin.get_bindings("t2t.runs.train", resolve_references=False).get("train_steps")
             ),
@@ -254,8 +255,8 @@ def _check_source(spec: str | None) -> None:
         )
 
 
-def _check_tasks() -> None:
-    """The task and eval tasks the configured run names are registered."""
+def _check_tasks() -> str:
+    """The task and eval tasks the configured run names are registered; returns the task."""
     from t2t import runs
     from t2t.data import registry
     from t2t.errors import UserError
@@ -274,6 +275,7 @@ def _check_tasks() -> None:
     runs.import_task_modules((), names)
     for name in names:
         registry.get_task_or_mixture(name)  # raises with the nearest registered names
+    return task
 
 
 def _split_bindings(bindings: Sequence[str], names: Sequence[str]) -> dict[str, list[str]]:

@@ -1,12 +1,14 @@
 """What `t2t study NAME --plan` prints before anything trains: the grid's size, the wall time
 its stages will take, and the seeds each pair of arms the paper scores needs.
 
-The wall time is measured, not modelled: every stage a chain trains records its steps and
-seconds in its `chain.json` (`t2t.chain.run`), so a finished study (or the planned one, part
-done) gives each stage name's seconds per step on the machine that ran it, startup, compiling,
+The wall time is measured, not modelled: every stage a chain trains records its task, steps
+and seconds in its `chain.json` (`t2t.chain.run`), so a finished study (or the planned one, part
+done) gives the seconds per step of each stage on the machine that ran it, startup, compiling,
 evaluating and checkpointing included. The estimate is the sum, over the stages still to train
-(shared ones once), of their steps times their name's median rate; a stage name never timed
-takes the median of every timed stage. It holds for the machine and load of the measured runs.
+(shared ones once), of their steps times the median rate of the timed stages of the same name
+and task; where none was timed, of the same name on any task (a task's lengths change its rate:
+this is the weaker estimate, and the plan says which it used); where none of that name either,
+of every timed stage. It holds for the machine and load of the measured runs.
 """
 
 from __future__ import annotations
@@ -55,29 +57,31 @@ def describe(grid, unscored, study_dir, search_paths, **options) -> str:
     return "\n".join(lines)
 
 
-def stages_to_train(unscored, search_paths) -> list[tuple[str, int]]:
-    """(name, steps left) of every stage the unscored runs still train, a shared stage once;
-    a stage's steps are its TRAIN_STEPS less the step of its latest checkpoint."""
-    steps: dict[Any, dict[str, int]] = {}
+def stages_to_train(unscored, search_paths) -> list[tuple[str, str | None, int]]:
+    """(name, task, steps left) of every stage the unscored runs still train, a shared stage
+    once; a stage's steps are its TRAIN_STEPS less the step of its latest checkpoint."""
+    records: dict[Any, dict[str, dict]] = {}
     left, seen = [], set()
     for key, run_dir, stages in unscored:
-        if key not in steps:  # the seeds change no stage's steps
+        if key not in records:  # the seeds change no stage's task or steps
             checked = chain.validate(run_dir, stages, search_paths=search_paths)
-            steps[key] = {record["name"]: record["train_steps"] or 0 for _, _, record in checked}
+            records[key] = {record["name"]: record for _, _, record in checked}
         for stage in stages:
             if stage.directory in seen:
                 continue
             seen.add(stage.directory)
-            remaining = steps[key][stage.name] - chain.step_in(stage.directory)
+            record = records[key][stage.name]
+            remaining = (record["train_steps"] or 0) - chain.step_in(stage.directory)
             if remaining > 0:
-                left.append((stage.name, remaining))
+                left.append((stage.name, record.get("task"), remaining))
     return left
 
 
-def stage_rates(directories: Iterable[str]) -> dict[str, list[float]]:
+def stage_rates(directories: Iterable[str]) -> dict[tuple[str, str | None], list[float]]:
     """Seconds per training step of every timed stage recorded under `directories` (the
-    `chain.json` files anywhere below them), by stage name."""
-    rates: dict[str, list[float]] = {}
+    `chain.json` files anywhere below them), by (stage name, task); the task is None for
+    stages recorded before chain.json named it."""
+    rates: dict[tuple[str, str | None], list[float]] = {}
     for top in directories:
         for root, _, files in os.walk(top):
             if CHAIN_FILE not in files:
@@ -87,36 +91,51 @@ def stage_rates(directories: Iterable[str]) -> dict[str, list[float]]:
             for record in records:
                 steps, seconds = record.get("trained_steps"), record.get("seconds")
                 if steps and seconds is not None and not record.get("skipped"):
-                    rates.setdefault(record["name"], []).append(seconds / steps)
+                    key = (record["name"], record.get("task"))
+                    rates.setdefault(key, []).append(seconds / steps)
     return rates
 
 
-def wall_time(stages: Sequence[tuple[str, int]], rates: Mapping[str, Sequence[float]]) -> dict:
-    """The estimate for `stages` ((name, train steps) of each stage to train) from `rates`.
+def wall_time(
+    stages: Sequence[tuple[str, str | None, int]],
+    rates: Mapping[tuple[str, str | None], Sequence[float]],
+) -> dict:
+    """The estimate for `stages` ((name, task, train steps) of each stage to train) from
+    `rates` (seconds per step by (name, task), as `stage_rates` gives them).
 
     Returns:
-      {"seconds": total or None when nothing was timed, "by_name": {name: {"stages", "steps",
-      "rate", "timed" (how many measured stages gave the rate; 0: the median of all)}}}.
+      {"seconds": total or None when nothing was timed, "groups": {(name, task): {"stages",
+      "steps", "rate", "timed" (how many measured stages gave the rate), "source" ("task":
+      stages of this name and task; "name": of this name, other tasks; "all": every timed
+      stage)}}}.
 
-    Example: [("pretrain", 500), ("finetune", 300), ("finetune", 300)] with rates
-    {"pretrain": [0.4], "finetune": [0.5, 0.7]} -> 500 * 0.4 + 600 * 0.6 = 560 s.
+    Example: [("pretrain", "c4", 500), ("finetune", "glue", 300), ("finetune", "glue", 300)]
+    with rates {("pretrain", "c4"): [0.4], ("finetune", "glue"): [0.5, 0.7]}
+    -> 500 * 0.4 + 600 * 0.6 = 560 s.
     """
+    by_name: dict[str, list[float]] = {}
+    for (name, _), values in rates.items():
+        by_name.setdefault(name, []).extend(values)
     every = [r for values in rates.values() for r in values]
-    fallback = statistics.median(every) if every else None
-    by_name: dict[str, dict[str, Any]] = {}
-    for name, steps in stages:
-        entry = by_name.setdefault(name, {"stages": 0, "steps": 0})
+    groups: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for name, task, steps in stages:
+        entry = groups.setdefault((name, task), {"stages": 0, "steps": 0})
         entry["stages"] += 1
         entry["steps"] += int(steps)
     total = 0.0
-    for name, entry in by_name.items():
-        timed = rates.get(name, ())
-        entry["timed"] = len(timed)
-        entry["rate"] = statistics.median(timed) if timed else fallback
-        if entry["rate"] is None:
-            return {"seconds": None, "by_name": by_name}
+    for (name, task), entry in groups.items():
+        for source, timed in (
+            ("task", rates.get((name, task), ())),
+            ("name", by_name.get(name, ())),
+            ("all", every),
+        ):
+            if timed:
+                break
+        if not timed:
+            return {"seconds": None, "groups": groups}
+        entry.update(source=source, timed=len(timed), rate=statistics.median(timed))
         total += entry["rate"] * entry["steps"]
-    return {"seconds": total, "by_name": by_name}
+    return {"seconds": total, "groups": groups}
 
 
 def _duration(seconds: float) -> str:
@@ -128,12 +147,12 @@ def _duration(seconds: float) -> str:
 
 
 def wall_time_lines(
-    stages: Sequence[tuple[str, int]], timing_dirs: Sequence[str], runs_left: int
+    stages: Sequence[tuple[str, str | None, int]], timing_dirs: Sequence[str], runs_left: int
 ) -> list[str]:
     """The wall-time part of the plan: what is left to train and how long it takes."""
     if not stages:
         return ["Wall time: nothing left to train (every run has its score)."]
-    steps = sum(s for _, s in stages)
+    steps = sum(s for _, _, s in stages)
     head = f"Wall time: {runs_left} runs left, {len(stages)} stages to train ({steps:,} steps)"
     rates = stage_rates(d for d in timing_dirs if os.path.isdir(d))
     estimate = wall_time(stages, rates)
@@ -143,20 +162,27 @@ def wall_time_lines(
             "estimate from: train one run of the study (--arms NAME --seeds 0) or give "
             "--plan_timing=DIR of a finished study run on this machine."
         ]
-    parts = []
-    for name, entry in estimate["by_name"].items():
-        source = (
-            f"median of {entry['timed']} timed" if entry["timed"] else "not timed: median of all"
-        )
-        parts.append(
-            f"{name} {entry['stages']} x {entry['steps'] // entry['stages']:,} steps at "
-            f"{entry['rate']:.2f} s/step ({source})"
-        )
-    return [
+    sources = {
+        "task": "median of {} timed",
+        "name": "task not timed: median of {} of this name on other tasks",
+        "all": "name not timed: median of all {}",
+    }
+    lines = [
         f"{head}: about {_duration(estimate['seconds'])} on the machine and load that ran the "
-        f"timed stages under {', '.join(timing_dirs)}.",
-        "  " + "; ".join(parts) + ".",
+        f"timed stages under {', '.join(timing_dirs)}."
     ]
+    for (name, task), entry in estimate["groups"].items():
+        lines.append(
+            f"  {name}{f' on {task}' if task else ''}: {entry['stages']} x "
+            f"{entry['steps'] // entry['stages']:,} steps at {entry['rate']:.2f} s/step "
+            f"({sources[entry['source']].format(entry['timed'])})"
+        )
+    if any(entry["source"] != "task" for entry in estimate["groups"].values()):
+        lines.append(
+            "  A rate from other tasks or stages ignores the task's sequence lengths: time one "
+            "run of this study for a closer estimate."
+        )
+    return lines
 
 
 def seeds_lines(name_arms: Sequence[str], paper, plan_from: str, plan_arms) -> list[str]:

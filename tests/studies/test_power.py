@@ -95,14 +95,32 @@ def test_plan_prints_the_grid_and_the_seeds_of_each_paper_pair(micro, tmp_path, 
     assert "--plan needs a finished study's study.json" in capsys.readouterr().err
 
 
-def test_the_wall_time_is_each_stages_steps_at_its_names_median_rate():
-    rates = {"pretrain": [0.4], "finetune": [0.5, 0.7, 0.9]}
-    stages = [("pretrain", 500), ("finetune", 300), ("finetune", 300), ("scratch", 100)]
+def test_the_wall_time_takes_the_rate_of_the_same_stage_and_task_first():
+    rates = {
+        ("pretrain", "c4"): [0.4],
+        ("finetune", "glue"): [0.5, 0.7, 0.9],
+        ("finetune", "squad"): [2.0],
+    }
+    stages = [
+        ("pretrain", "c4", 500),
+        ("finetune", "glue", 300),
+        ("finetune", "glue", 300),
+        ("finetune", "wmt", 100),  # finetune timed on other tasks: their median, 0.8
+        ("scratch", "glue", 100),  # scratch never timed: the median of all five rates, 0.7
+    ]
     estimate = plan.wall_time(stages, rates)
-    # scratch was never timed: the median of all four rates, 0.6
-    assert estimate["seconds"] == pytest.approx(500 * 0.4 + 600 * 0.7 + 100 * 0.6)
-    assert estimate["by_name"]["finetune"] == {"stages": 2, "steps": 600, "timed": 3, "rate": 0.7}
-    assert estimate["by_name"]["scratch"]["timed"] == 0
+    assert estimate["seconds"] == pytest.approx(500 * 0.4 + 600 * 0.7 + 100 * 0.8 + 100 * 0.7)
+    groups = estimate["groups"]
+    assert groups[("finetune", "glue")] == {
+        "stages": 2,
+        "steps": 600,
+        "timed": 3,
+        "rate": 0.7,
+        "source": "task",
+    }
+    assert groups[("finetune", "wmt")]["source"] == "name"
+    assert groups[("finetune", "wmt")]["timed"] == 4
+    assert groups[("scratch", "glue")]["source"] == "all"
     assert plan.wall_time(stages, {})["seconds"] is None
 
 
@@ -118,6 +136,7 @@ def test_rates_come_from_the_trained_part_of_each_timed_stage(tmp_path):
             {"name": "pretrain", "skipped": True, "train_steps": 10},  # trained by another run
             {
                 "name": "finetune",
+                "task": "glue",
                 "skipped": False,
                 "train_steps": 10,
                 "trained_steps": 4,
@@ -130,6 +149,7 @@ def test_rates_come_from_the_trained_part_of_each_timed_stage(tmp_path):
         [
             {
                 "name": "pretrain",
+                "task": "c4",
                 "skipped": False,
                 "train_steps": 10,
                 "trained_steps": 10,
@@ -138,7 +158,14 @@ def test_rates_come_from_the_trained_part_of_each_timed_stage(tmp_path):
         ],
     )
     _chain_json(tmp_path / "old", [{"name": "finetune", "skipped": False}])  # not timed
-    assert plan.stage_rates([str(tmp_path)]) == {"finetune": [2.0], "pretrain": [3.0]}
+    _chain_json(  # recorded before chain.json named the task
+        tmp_path / "older", [{"name": "finetune", "trained_steps": 2, "seconds": 1.0}]
+    )
+    assert plan.stage_rates([str(tmp_path)]) == {
+        ("finetune", "glue"): [2.0],
+        ("finetune", None): [0.5],
+        ("pretrain", "c4"): [3.0],
+    }
 
 
 def test_plan_estimates_the_wall_time_from_a_timed_study(micro, tmp_path, capsys):
@@ -146,16 +173,25 @@ def test_plan_estimates_the_wall_time_from_a_timed_study(micro, tmp_path, capsys
     _chain_json(
         timed / "x",
         [
-            {"name": "pretrain", "trained_steps": 10, "seconds": 30.0},
-            {"name": "finetune", "trained_steps": 10, "seconds": 10.0},
+            {
+                "name": "pretrain",
+                "task": "builtin_span_corruption",
+                "trained_steps": 10,
+                "seconds": 30.0,
+            },
+            {"name": "finetune", "task": "builtin_next", "trained_steps": 10, "seconds": 10.0},
         ],
     )
     argv = ["study", f"--gin_file={micro}", f"--study_dir={tmp_path / 's'}", "--plan"]
     assert cli.main([*argv, f"--plan_timing={timed}"]) == 0
     out = capsys.readouterr().out
-    # Per seed a pretraining, a fine-tuning and a run from scratch of 2 steps each; scratch
-    # untimed takes the median of 3.0 and 1.0 s per step: 2 * 2 * (3 + 1 + 2) = 24 s.
+    # Per seed a pretraining, a fine-tuning (on builtin_order, timed on builtin_next) and a
+    # run from scratch of 2 steps each; scratch untimed takes the median of 3.0 and 1.0 s per
+    # step: 2 * 2 * (3 + 1 + 2) = 24 s.
     assert "Wall time: 4 runs left, 6 stages to train (12 steps): about 24 s" in out
-    assert "scratch 2 x 2 steps at 2.00 s/step (not timed: median of all)" in out
+    assert "pretrain on builtin_span_corruption: 2 x 2 steps at 3.00 s/step (median of 1" in out
+    assert "finetune on builtin_order: 2 x 2 steps at 1.00 s/step (task not timed" in out
+    assert "scratch on builtin_order: 2 x 2 steps at 2.00 s/step (name not timed" in out
+    assert "time one run of this study for a closer estimate" in out
     assert "Seeds per arm" not in out  # no finished study given for the spread
     assert not (tmp_path / "s").exists()

@@ -142,11 +142,13 @@ def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
         if not r.get("skipped")
     ]
     assert {r["train_steps"] for r in records} == {2}
+    assert {r["task"] for r in records} == {"builtin_span_corruption", "builtin_order"}
     assert all(0 < r["trained_steps"] <= 2 and r["seconds"] > 0 for r in records)
     assert cli.main([*argv, "--seeds=0,1,2", "--plan"]) == 0
     printed = capsys.readouterr().out
     assert "Wall time: 2 runs left, 3 stages to train (6 steps): about" in printed
-    assert "scratch 1 x 2 steps at" in printed and "(median of 2 timed)" in printed
+    assert "scratch on builtin_order: 1 x 2 steps at" in printed
+    assert "(median of 2 timed)" in printed and "closer estimate" not in printed
 
     # Seed 0's run of the arm without pretraining, printed and run command by command, gives
     # the same score (one arm: the printed pretraining is a command like any other).
