@@ -68,8 +68,9 @@ def aggregate(
       arms, tasks: their order (default: first appearance).
 
     Returns:
-      {"arms": {arm: {"tasks": {task: spread + degenerate}, "suite": spread of per-seed
-      averages, "p_value": vs the baseline arm on the suite, "p_values": per task}},
+      {"arms": {arm: {"tasks": {task: spread + degenerate + by_seed (seed -> score)}, "suite":
+      spread of per-seed averages, "suite_by_seed", "p_value": vs the baseline arm on the
+      suite, "p_values": per task}},
       "missing": [keys without a result], "baselines": ...}.
     """
     arms = list(arms or dict.fromkeys(k[0] for k in scores))
@@ -88,9 +89,11 @@ def aggregate(
     for arm in arms:
         entry: dict[str, Any] = {"tasks": {}}
         for task in tasks:
-            values = [v for (a, t, _), v in sorted(done.items()) if a == arm and t == task]
+            by_seed = {s: v for (a, t, s), v in sorted(done.items()) if a == arm and t == task}
+            values = list(by_seed.values())
             stats = spread(values)
             stats["degenerate"] = sum(v <= baselines.get(task, -math.inf) for v in values)
+            stats["by_seed"] = {str(s): v for s, v in by_seed.items()}
             entry["tasks"][task] = stats
         seeds = sorted({s for (a, _, s) in done if a == arm})
         complete = [s for s in seeds if all((arm, t, s) in done for t in tasks)]

@@ -158,7 +158,17 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 
 def plot(result: Mapping[str, Any], path: str) -> None:
-    """Suite averages per arm (mean ± std, seeds as dots) and each task's, as bars."""
+    """Writes `figure(result)` to `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(result: Mapping[str, Any]):
+    """Suite averages per arm and each task's, as bars (mean ± std over seeds) with each seed's
+    score as a dot, so degenerate restarts show; the constant baseline as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,19 +179,26 @@ def plot(result: Mapping[str, Any], path: str) -> None:
     panels = ["suite", *tasks]
     columns = min(len(panels), 4)
     rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.2 * rows), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
-        stats = [result["arms"][a]["suite" if panel == "suite" else "tasks"] for a in arms]
-        if panel != "suite":
-            stats = [s[panel] for s in stats]
+        entries = [result["arms"][a] for a in arms]
+        if panel == "suite":
+            stats = [e["suite"] for e in entries]
+            seeds = [e.get("suite_by_seed", {}) for e in entries]
+            base = np.mean([result["baselines"][t] for t in tasks])
+        else:
+            stats = [e["tasks"][panel] for e in entries]
+            seeds = [s.get("by_seed", {}) for s in stats]
+            base = result["baselines"][panel]
         means = [s["mean"] if s["n"] else np.nan for s in stats]
         stds = [s["std"] if s["n"] else 0.0 for s in stats]
         positions = np.arange(len(arms))
-        ax.bar(positions, means, yerr=stds, capsize=3, color="#4c72b0", alpha=0.8)
-        if panel == "suite":
-            base = np.mean([result["baselines"][t] for t in tasks])
-        else:
-            base = result["baselines"][panel]
+        ax.bar(positions, means, yerr=stds, capsize=3, color="#4c72b0", alpha=0.6)
+        for position, by_seed in zip(positions, seeds):
+            values = list(by_seed.values())
+            if values:  # spread sideways so equal scores stay countable
+                offsets = np.linspace(-0.25, 0.25, len(values)) if len(values) > 1 else [0.0]
+                ax.scatter(position + np.asarray(offsets), values, s=9, color="black", zorder=3)
         ax.axhline(base, color="#c44e52", linestyle="--", linewidth=1, label="constant")
         ax.set_title(panel, fontsize=9)
         ax.set_xticks(positions, arms, rotation=35, ha="right", fontsize=7)
@@ -189,10 +206,9 @@ def plot(result: Mapping[str, Any], path: str) -> None:
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    figure.suptitle(result.get("name", "study"), fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    fig.suptitle(result.get("name", "study"), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def write(study_dir: str, result: Mapping[str, Any]) -> None:

@@ -39,6 +39,7 @@ def test_spread_per_arm_and_task(result):
         "min": 80.0,
         "max": 84.0,
         "degenerate": 0,
+        "by_seed": {"0": 80.0, "1": 82.0, "2": 84.0},
     }
     assert new["t1"]["mean"] == 71.0 and new["t1"]["std"] == pytest.approx(1.0)
     # 50, 40, 52: mean 47.33; deviations 2.67, -7.33, 4.67, squares summing to 248 / 3
@@ -98,3 +99,31 @@ def test_paper_comparison_reads_the_papers_numbers(result):
     assert want < 0.05 and comparison["significant"] == 1
     assert "Pairwise orderings reproduced: 1 of 1, 1 of them with p < 0.05" in table
     assert f"| base vs new | base | base | {want:.3g} | yes |" in table
+
+
+def test_the_plot_shows_every_seeds_score_over_its_arms_bar(result):
+    import matplotlib.collections
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    result = {**result, "name": "fake"}
+    fig = report.figure(result)
+    suite, t1, t2 = fig.axes[:3]
+    assert [ax.get_title() for ax in (suite, t1, t2)] == ["suite", "t1", "t2"]
+
+    def dots(ax):  # per bar position (rounded), the scores of its dots
+        found = {}
+        for collection in ax.collections:
+            if not isinstance(collection, matplotlib.collections.PathCollection):
+                continue  # the error bars
+            for x, y in collection.get_offsets():
+                found.setdefault(int(round(x)), []).append(float(y))
+        return found
+
+    assert dots(t2) == {0: [60.0, 62.0, 58.0], 1: [50.0, 40.0, 52.0]}  # seed 3: no result
+    assert dots(suite) == {0: [70.0, 72.0, 71.0], 1: [60.0, 56.0, 61.5]}
+    heights = [patch.get_height() for patch in t1.patches]
+    assert np.allclose(heights, [82.0, 71.0])
+    # the constant baseline: the dashed line at t1's
+    assert [line.get_ydata()[0] for line in t1.lines if line.get_linestyle() == "--"] == [50.0]
+    plt.close(fig)
