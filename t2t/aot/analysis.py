@@ -12,6 +12,8 @@ import dataclasses
 import re
 from typing import Any
 
+from t2t.aot import hlo
+
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # An instruction whose opcode is a collective (or its asynchronous start): "%x = SHAPE op(". The
 # shape may be a tuple holding layouts, parentheses and "/*index=5*/" comments; it holds no
@@ -19,42 +21,11 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", re.MULTILINE
 )
-_ARRAY = re.compile(
-    r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|"
-    r"f8e4m3fn|f8e5m2)\[([\d,]*)\]"
-)
-_BYTES = {
-    "pred": 1,
-    "s4": 0.5,
-    "u4": 0.5,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-}
 
 
 def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape string: "f32[8,128]{1,0}" -> 4096; tuples add up."""
-    total = 0.0
-    for dtype, dims in _ARRAY.findall(shape):
-        count = 1
-        for d in filter(None, dims.split(",")):
-            count *= int(d)
-        total += count * _BYTES[dtype]
-    return int(total)
+    return sum(a.bytes for a in hlo.arrays(shape))
 
 
 def collectives(hlo_text: str) -> list[tuple[str, str]]:
@@ -68,7 +39,7 @@ def collectives(hlo_text: str) -> list[tuple[str, str]]:
     found = []
     for shape, kind, start in _INSTRUCTION.findall(hlo_text):
         if start and kind in ("all-gather", "collective-permute", "reduce-scatter"):
-            arrays = [f"{dtype}[{dims}]" for dtype, dims in _ARRAY.findall(shape)]
+            arrays = [f"{a.dtype}[{','.join(map(str, a.dims))}]" for a in hlo.arrays(shape)]
             if kind == "collective-permute":
                 arrays = arrays[1:2]
             else:  # (operands..., results...)

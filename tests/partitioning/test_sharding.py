@@ -13,7 +13,7 @@ from flax import nnx
 
 from t2t import models, optim, partitioning
 from t2t import nn as tn
-from t2t.aot import analysis, programs
+from t2t.aot import analysis, hlo, programs
 from t2t.nn import axes, sharding
 from t2t.trainer import steps
 
@@ -61,8 +61,8 @@ def result_dimensions(compiled, kinds):
     dims = set()
     for kind, shape in analysis.collectives(compiled.as_text()):
         if kind in kinds:
-            for _, found in analysis._ARRAY.findall(shape):
-                dims |= {int(d) for d in found.split(",") if d}
+            for array in hlo.arrays(shape):
+                dims |= set(array.dims)
     return dims
 
 
