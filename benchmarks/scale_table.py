@@ -15,7 +15,8 @@ so an interrupted run resumes where it stopped.
     python benchmarks/scale_table.py --extras               # remat FLOPs, DP vs FSDP, compile time
     python benchmarks/scale_table.py --markdown              # print the table from the results
 
-Results: benchmarks/results/scale_table.json (every compile), printed as Markdown tables. The
+Results: benchmarks/results/scale_table.json (every compile, with the commit it compiled;
+records without one predate that field), printed as Markdown tables. The
 compiles of the network before the attention rework (issue 32; commit 3b5ee95) are kept in
 benchmarks/results/scale_table_3b5ee95.json: the search starts where they say a preset fits
 (`--previous`), and a cell not searched again shows the earlier network's answer, marked.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -92,6 +94,23 @@ def chips_of(topology: str) -> int:
     for d in dims:
         count *= d
     return count
+
+
+def source_commit() -> str | None:
+    """The commit of the t2t being compiled ("+changes" when t2t/ differs from it), or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", here, *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--", os.path.join(here, "..", "t2t"))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+changes" if changed else "")
 
 
 def mesh_for(devices: int, batch: int, micro: int) -> tuple[int, int]:
@@ -197,6 +216,7 @@ def compile_one(
             "mesh": list(mesh),
             "scan_layers": scan,
             **settings,
+            "commit": source_commit(),
             "fits": False,
             "memory_fraction": None,
             "memory_bytes": None,
@@ -216,6 +236,7 @@ def compile_one(
         "mesh": list(mesh),
         "scan_layers": scan,
         **settings,
+        "commit": source_commit(),
         "fits": train.get("fits"),
         "memory_fraction": train.get("memory_fraction"),
         "memory_bytes": (train.get("memory") or {}).get("total"),
