@@ -5,7 +5,10 @@ layers by the number of layers (and a microbatch loop by the microbatches). Coun
 program's jaxpr instead sees every `dot_general` with its shapes, every `scan` with its length
 and the forward computation a rematerialized backward pass repeats (`remat`), so it measures
 what rematerialization costs, in the same units as `t2t.nn.flops` (2mkn per matmul, matmuls
-only).
+only). cuDNN's fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`) is one
+primitive with no `dot_general` inside; it counts the products its kernels run: q k and p v
+forward (4 B N L S H), and backward the recomputed q k, dv, dp, dq and dk (10 B N L S H); half
+of each under a causal mask, whose kernels skip the blocks above the diagonal.
 """
 
 from __future__ import annotations
@@ -34,12 +37,32 @@ def _dot_flops(eqn) -> int:
     return 2 * math.prod(out) * contracted
 
 
+# cuDNN fused attention's primitives (JAX's `jax._src.cudnn.fused_attention_stablehlo`), with
+# the products each runs in units of B N L S H.
+_CUDNN_ATTENTION = {
+    "dot_product_attention_fwd_wrapper": 4,
+    "dot_product_attention_fwd": 4,
+    "dot_product_attention_bwd_wrapper": 10,
+    "dot_product_attention_bwd": 10,
+}
+
+
+def _cudnn_attention_flops(eqn) -> int:
+    query, key = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    if "BNTH" in str(eqn.params.get("layout", "")):
+        (batch, heads, length, head_dim), key_length = query, key[2]
+    else:  # BTNH, what t2t passes
+        (batch, length, heads, head_dim), key_length = query, key[1]
+    flops = _CUDNN_ATTENTION[eqn.primitive.name] * batch * heads * length * key_length * head_dim
+    return flops // 2 if "CAUSAL" in str(eqn.params.get("mask_type", "")).upper() else flops
+
+
 def matmul_flops(jaxpr: Any) -> int:
     """2 * m * k * n summed over every matmul the (closed) jaxpr runs.
 
     A `scan` body counts `length` times; a `cond` counts its most expensive branch; a `while`
     loop (unknown trip count) counts its body once; a Pallas kernel (`pallas_call`) counts its
-    body once per point of its grid.
+    body once per point of its grid; cuDNN's fused attention as the module docstring says.
     """
     if isinstance(jaxpr, jex_core.ClosedJaxpr):
         jaxpr = jaxpr.jaxpr
@@ -48,6 +71,9 @@ def matmul_flops(jaxpr: Any) -> int:
         name = eqn.primitive.name
         if name == "dot_general":
             total += _dot_flops(eqn)
+            continue
+        if name in _CUDNN_ATTENTION:
+            total += _cudnn_attention_flops(eqn)
             continue
         if name == "cond":
             total += max(matmul_flops(b) for b in eqn.params["branches"])

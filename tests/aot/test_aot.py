@@ -75,6 +75,29 @@ def test_matmul_flops_count_scan_trips_and_remat_recompute():
     assert flops.matmul_flops(remat) == 3 * one_layer * 3  # the forward pass once more
 
 
+def test_matmul_flops_count_cudnn_fused_attention(monkeypatch):
+    """cuDNN's attention is one primitive with no dot_general inside: traced (no GPU needed once
+    JAX's cuDNN checks are answered), its forward counts q k and p v, its backward five products."""
+    fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    monkeypatch.setattr(fused, "check_cudnn_version", lambda: 91000)
+    monkeypatch.setattr(fused, "check_compute_capability", lambda *a, **k: True, raising=False)
+    b, n, length, h = 2, 4, 128, 64
+    q = jnp.ones((b, length, n, h), jnp.bfloat16)
+    bias = jnp.ones((1, n, length, length), jnp.bfloat16)
+
+    def loss(q, bias, causal=False):
+        out = jax.nn.dot_product_attention(
+            q, q, q, bias=bias, is_causal=causal, implementation="cudnn"
+        )
+        return out.astype(jnp.float32).sum()
+
+    unit = b * n * length * length * h
+    assert flops.matmul_flops(jax.make_jaxpr(loss)(q, bias)) == 4 * unit
+    assert flops.matmul_flops(jax.make_jaxpr(jax.grad(loss))(q, bias)) == 14 * unit
+    causal = jax.make_jaxpr(jax.grad(lambda q, bias: loss(q, bias, True)))(q, bias)
+    assert flops.matmul_flops(causal) == 7 * unit
+
+
 def test_topology_names_are_checked():
     assert targets.parse_topology("v5p:4x4x4") == ("v5p", (4, 4, 4))
     with pytest.raises(ValueError, match="v3:16x32"):
