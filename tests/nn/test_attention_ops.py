@@ -224,12 +224,12 @@ def test_no_batch_sized_bias_crosses_the_layers_of_the_training_program(architec
     assert {s[3] for s in kept} == set(lengths), shapes
 
 
-def test_auto_picks_cudnn_only_for_the_encoder_on_gpus_in_bfloat16():
+def test_auto_picks_cudnn_where_not_causal_on_gpus_in_bfloat16():
     cfg = tn.get_preset("t5_1_1_base", dtype="bfloat16", dropout_rate=0.0)
     assert attention_ops.describe(cfg, "gpu") == {
         "encoder self-attention": "cudnn",
         "decoder self-attention": "xla",
-        "cross-attention": "xla",
+        "cross-attention": "cudnn",
     }
     assert set(attention_ops.describe(cfg, "tpu").values()) == {"xla"}
     # On TPUs, flash attention from long keys on (and only where its blocks tile the lengths).
@@ -250,7 +250,7 @@ def test_auto_picks_cudnn_only_for_the_encoder_on_gpus_in_bfloat16():
 
 
 def test_an_explicit_cudnn_that_cannot_run_says_why_and_what_to_do():
-    common = dict(head_dim=64, causal=False, has_bias=True)
+    common = dict(head_dim=64, causal=False)
     with pytest.raises(ValueError, match="runs on NVIDIA GPUs.*attention_impl='auto'"):
         attention_ops.choose("cudnn", platform="cpu", dtype="bfloat16", **common)
     with pytest.raises(ValueError, match="bfloat16 or float16"):
@@ -266,6 +266,10 @@ def test_an_explicit_cudnn_that_cannot_run_says_why_and_what_to_do():
         attention_ops.choose("cudnn", platform="gpu", dtype="bfloat16", per_row_bias=True, **common)
         == "xla"
     )
+    # auto: cuDNN where not causal, except a decoding step's single query.
+    assert attention_ops.choose("auto", platform="gpu", dtype="bfloat16", **common) == "cudnn"
+    one_query = dict(platform="gpu", dtype="bfloat16", lengths=(1, 512), **common)
+    assert attention_ops.choose("auto", **one_query) == "xla"
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         attention_ops.choose("fast", platform="gpu", dtype="bfloat16", **common)
     # Pallas flash attention: TPUs only; sites it cannot tile (114 targets) stay on XLA.
