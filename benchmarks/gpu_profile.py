@@ -67,7 +67,8 @@ def kernel_breakdown(trace_dir: str, steps: int) -> dict:
 
     Returns:
       {"matmul_ms", "attention_ms", "other_ms", "total_ms", "kernels", "largest_other":
-      [(name, ms per step), ...], "trace": path}.
+      [(name, ms per step), ...], "largest": [[kind, name, ms per step, launches per step, an
+      HLO op], ...] (every kind, 60 at most), "trace": path}.
     """
     path = find_trace(trace_dir)
     with gzip.open(path, "rt") as f:
@@ -76,6 +77,7 @@ def kernel_breakdown(trace_dir: str, steps: int) -> dict:
     pids = _device_pids(events)
     totals = collections.Counter()
     other = collections.Counter()
+    by_kernel: dict[tuple[str, str], list] = collections.defaultdict(lambda: [0.0, 0, ""])
     count = 0
     for event in events:
         if event.get("ph") != "X" or (pids and event.get("pid") not in pids):
@@ -88,6 +90,10 @@ def kernel_breakdown(trace_dir: str, steps: int) -> dict:
         count += 1
         if kind == "other":
             other[_short(str(event.get("name", "")))] += duration_ms
+        entry = by_kernel[(kind, _short(str(event.get("name", ""))))]
+        entry[0] += duration_ms
+        entry[1] += 1
+        entry[2] = entry[2] or str((event.get("args") or {}).get("hlo_op", ""))
     return {
         "matmul_ms": totals["matmul"],
         "attention_ms": totals["attention"],
@@ -95,6 +101,13 @@ def kernel_breakdown(trace_dir: str, steps: int) -> dict:
         "total_ms": sum(totals.values()),
         "kernels": count // max(steps, 1),
         "largest_other": [(name, round(ms, 3)) for name, ms in other.most_common(12)],
+        # [kind, kernel name, ms per step, launches per step, one HLO op it ran], largest first.
+        "largest": [
+            [kind, name, round(ms, 3), round(n / max(steps, 1), 1), op]
+            for (kind, name), (ms, n, op) in sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[
+                :60
+            ]
+        ],
         "trace": path,
         "device_processes_found": bool(pids),
     }
@@ -103,3 +116,110 @@ def kernel_breakdown(trace_dir: str, steps: int) -> dict:
 def _short(name: str) -> str:
     """A kernel name without its numeric suffix ("loop_add_fusion_17" -> "loop_add_fusion")."""
     return re.sub(r"[_.]\d+$", "", name)
+
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?metadata=\{([^}]*)\}")
+
+
+def _source_table(hlo_text: str) -> tuple[dict[str, tuple[str, int]], dict[int, str]]:
+    """From an optimized program's text: instruction name -> (op_name, stack frame id), and
+    stack frame id -> "file:line function" of its innermost frame."""
+    sections: dict[str, dict[int, str]] = {}
+    section = None
+    ops: dict[str, tuple[str, int]] = {}
+    for line in hlo_text.splitlines():
+        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            section = sections.setdefault(line, {})
+            continue
+        if section is not None and re.match(r"^\d+ ", line):
+            key, value = line.split(" ", 1)
+            section[int(key)] = value.strip('"')
+            continue
+        section = None
+        match = _INSTRUCTION.match(line)
+        if match:
+            meta = match.group(2)
+            op = re.search(r'op_name="([^"]*)"', meta)
+            frame = re.search(r"stack_frame_id=(\d+)", meta)
+            ops[match.group(1)] = (op.group(1) if op else "", int(frame.group(1)) if frame else 0)
+    files, functions = sections.get("FileNames", {}), sections.get("FunctionNames", {})
+    locations = {}
+    for key, value in sections.get("FileLocations", {}).items():
+        fields = dict(re.findall(r"(\w+)=(\d+)", value))
+        file = files.get(int(fields.get("file_name_id", 0)), "?")
+        function = functions.get(int(fields.get("function_name_id", 0)), "?")
+        locations[key] = f"{_repo_path(file)}:{fields.get('line', '?')} {function}"
+    frames = {}
+    for key, value in sections.get("StackFrames", {}).items():
+        fields = dict(re.findall(r"(\w+)=(\d+)", value))
+        frames[key] = locations.get(int(fields.get("file_location_id", 0)), "?")
+    return ops, frames
+
+
+_PACKAGES = ("t2t", "benchmarks", "optax", "flax", "jax")
+
+
+def _repo_path(path: str) -> str:
+    """The path from the package's top: "/anywhere/t2t/nn/layers.py" -> "t2t/nn/layers.py",
+    ".../site-packages/optax/x.py" -> "optax/x.py"."""
+    parts = path.split("/")
+    found = [i for i, part in enumerate(parts) if part in _PACKAGES]
+    return "/".join(parts[found[-1] :]) if found else path
+
+
+def by_source(trace_dir_or_file: str, hlo_text: str, steps: int, top: int = 25) -> list:
+    """Kernel time per step of the kernels that are neither matmuls nor fused attention, by the
+    line of t2t that made them: [[ms per step, kernels per step, "file:line function", op], ...],
+    largest first. Kernels are matched to the program's fusions by name."""
+    path = trace_dir_or_file
+    if os.path.isdir(path):
+        path = find_trace(path)
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    pids = _device_pids(events)
+    ops, frames = _source_table(hlo_text)
+    totals: dict[tuple[str, str], list] = collections.defaultdict(lambda: [0.0, 0])
+    for event in events:
+        if event.get("ph") != "X" or (pids and event.get("pid") not in pids):
+            continue
+        name = str(event.get("name", ""))
+        if classify(name, event.get("args")) != "other":
+            continue
+        hlo_name = re.sub(r"_(\d+)$", r".\1", name)
+        op, frame = ops.get(hlo_name) or ops.get(name) or ("(not in the program)", 0)
+        key = (frames.get(frame, "?"), op.split("/")[-1])
+        totals[key][0] += float(event.get("dur", 0.0)) / 1e3 / steps
+        totals[key][1] += 1
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return [[round(ms, 3), round(n / steps, 1), where, op] for (where, op), (ms, n) in rows]
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Kernel time of a GPU trace by kind, and its non-matmul kernels by line of t2t."
+    )
+    parser.add_argument("trace", help="a *.trace.json.gz file or the directory of one")
+    parser.add_argument("hlo", help="the optimized program's text (.txt or .txt.gz)")
+    parser.add_argument("--steps", type=int, default=3, help="train steps the trace covers")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    opener = gzip.open if args.hlo.endswith(".gz") else open
+    with opener(args.hlo, "rt") as f:
+        text = f.read()
+    trace = args.trace
+    found = kernel_breakdown(os.path.dirname(trace) if os.path.isfile(trace) else trace, args.steps)
+    print(
+        f"kernel time per step {found['total_ms']:.1f} ms: matmul {found['matmul_ms']:.1f}, "
+        f"fused attention {found['attention_ms']:.1f}, other {found['other_ms']:.1f}"
+    )
+    print("| ms per step | kernels per step | where | op |\n|---|---|---|---|")
+    for ms, count, where, op in by_source(trace, text, args.steps, top=args.top):
+        print(f"| {ms:.2f} | {count:g} | `{where}` | {op} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,16 +19,24 @@ keeps what it measured:
 
  1. `check`: cuDNN against XLA attention in a 2-layer T5.1.1-base-shaped network: loss and every
     gradient (the relative position tables' included), unpacked and packed rows.
- 2. t2t base at 128, profiled (kernel time by kind from a trace) and with the cost model's
-    prediction (`t2t.aot.cost_model`, at the chip's measured matmul rate and copy bandwidth).
+ 2. t2t base at 128, profiled (kernel time by kind from a trace, and the non-matmul kernels'
+    time by the line of t2t that made them, `gpu_profile.by_source`) and with the cost model's
+    prediction (`t2t.aot.cost_model`, at the chip's measured matmul rate and copy bandwidth);
+    the trace and the optimized program are written beside the results.
  3. HF + torch.compile base at 128.   4. t2t base at 64 with the prediction.
- 5. `sites`: each attention site alone, forward + backward, XLA vs cuDNN.
- 6. t2t base at 128 with `attention_impl="xla"`.   7. HF eager base at 64.
- 8. t2t base at 256 (the largest batch tried).   9. HF + torch.compile base at 64.
-10. t2t and HF + torch.compile large at 128.
+ 5. t2t base at 128 with `attention_impl="xla"`.
+ 6. `sites`: each attention site alone, forward + backward, XLA vs cuDNN.
+ 7. t2t large at 128.   8. HF eager base at 64.   9. t2t base at 256 (the largest batch tried).
+10. HF + torch.compile base at 64.   11. HF + torch.compile large at 128.
+12. t2t base at 128 with scanned layers (Adafactor on stacked parameters: fewer, larger kernels).
+13. t2t base at 128 with `attention_impl="cudnn"` (the causal decoder on cuDNN too).
+`--jobs` runs a subset in the order given.
 
-Step time is the median of the timed steps after warm-up (compilation excluded). MFU = exact
-model FLOPs (`t2t.nn.flops.training_flops`) x B / step time / the chip's dense bfloat16 peak.
+Step time is the median over 3 windows of steps dispatched back to back with one wait at the end
+of each (as t2t's trainer runs, which fetches metrics every few steps, and as PyTorch queues its
+kernels), after warm-up steps that include compilation; `blocked_step_seconds` also lists steps
+each waited for alone, which adds the host's dispatch time to every step. MFU = exact model FLOPs
+(`t2t.nn.flops.training_flops`) x B / step time / the chip's dense bfloat16 peak.
 
     python benchmarks/gpu_train_step_bench.py --out $OUT/gpu_train_step.json   # on a GPU
     python benchmarks/gpu_train_step_bench.py --smoke   # the machinery, tiny, on a CPU
@@ -40,9 +48,11 @@ imports carry no gin, seqio or TensorFlow.
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,6 +70,7 @@ CHIPS = {
     "B200": (2250e12, 8.0e12),
 }
 RESULT = "RESULT "
+PROCESS_START = time.perf_counter()
 HF_SHAPES = {
     "t5_1_1_base": dict(d_model=768, d_ff=2048, num_heads=12, num_layers=12),
     "t5_1_1_large": dict(d_model=1024, d_ff=2816, num_heads=16, num_layers=24),
@@ -71,13 +82,15 @@ JOBS = [
     ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "profile": True, "predict": True}, 90),
     ({"kind": "hf", "preset": "t5_1_1_base", "batch": 128, "compile": True}, 150),
     ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 64, "predict": True}, 60),
-    ({"kind": "sites", "preset": "t5_1_1_base", "batch": 128}, 50),
     ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "attention_impl": "xla"}, 60),
+    ({"kind": "sites", "preset": "t5_1_1_base", "batch": 128}, 50),
+    ({"kind": "t2t", "preset": "t5_1_1_large", "batch": 128}, 120),
     ({"kind": "hf", "preset": "t5_1_1_base", "batch": 64, "compile": False}, 40),
     ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 256}, 80),
     ({"kind": "hf", "preset": "t5_1_1_base", "batch": 64, "compile": True}, 120),
-    ({"kind": "t2t", "preset": "t5_1_1_large", "batch": 128}, 120),
     ({"kind": "hf", "preset": "t5_1_1_large", "batch": 128, "compile": True}, 200),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "scan_layers": True}, 70),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "attention_impl": "cudnn"}, 70),
 ]
 SMOKE_JOBS = [
     ({"kind": "check", "preset": "tiny"}, 60),
@@ -154,7 +167,22 @@ def measured_rates() -> dict:
     return {"matmul_flops_per_second": 2 * n**3 / matmul, "bytes_per_second": 4 * elements / copy}
 
 
-def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
+def _pipelined(window, steps: int, windows: int = 3) -> list[float]:
+    """Seconds per step of `windows` runs of `window(steps // windows)`, each dispatching its
+    steps back to back and waiting once at the end, as a training loop does (t2t's trainer
+    fetches metrics every few steps; PyTorch queues kernels until something waits)."""
+    per_window = max(steps // windows, 1)
+    times = []
+    for _ in range(windows):
+        start = time.perf_counter()
+        window(per_window)
+        times.append((time.perf_counter() - start) / per_window)
+    return times
+
+
+def run_t2t(
+    job: dict, steps_timed: int, warmup: int, smoke: bool, out_dir: str | None = None
+) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -164,11 +192,14 @@ def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
     from t2t.aot import flops as aot_flops
     from t2t.nn import attention_ops
 
-    config = _config(nn, job["preset"], smoke, attention_impl=job.get("attention_impl", "auto"))
+    overrides = {"attention_impl": job.get("attention_impl", "auto")}
+    if job.get("scan_layers"):
+        overrides["scan_layers"] = True
+    config = _config(nn, job["preset"], smoke, **overrides)
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
     params = model.init_params(jax.random.PRNGKey(0))
     tx = optim.adafactor(optim.inverse_sqrt())
-    opt_state = tx.init(params)
+    opt_state = jax.jit(tx.init)(params)  # eager, each op would compile on its own
     inputs, targets = _batch(job["batch"], smoke)
     batch = jax.device_put(
         {
@@ -180,17 +211,26 @@ def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
     )
     rng = jax.random.PRNGKey(0)
     jitted = jax.jit(steps.make_train_step(model, tx), donate_argnums=(0, 1))
+    process_seconds = time.perf_counter() - PROCESS_START
     start = time.perf_counter()
     traced = jitted.trace(params, opt_state, batch, rng, jnp.int32(0))
     compiled = traced.lower().compile()
     compile_seconds = time.perf_counter() - start
-    times = []
-    for i in range(warmup + steps_timed):
+    blocked = []
+    for i in range(warmup + min(steps_timed, 5)):
         start = time.perf_counter()
         params, opt_state, metrics = compiled(params, opt_state, batch, rng, jnp.int32(i))
         jax.block_until_ready(metrics["loss"])
         if i >= warmup:
-            times.append(time.perf_counter() - start)
+            blocked.append(time.perf_counter() - start)
+
+    def window(steps):
+        for i in range(steps):
+            nonlocal params, opt_state, metrics
+            params, opt_state, metrics = compiled(params, opt_state, batch, rng, jnp.int32(i))
+        jax.block_until_ready(metrics["loss"])
+
+    times = _pipelined(window, steps_timed)
     device = jax.devices()[0]
     platform = jax.default_backend()
     input_length, target_length = lengths(smoke)
@@ -198,7 +238,9 @@ def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
         "side": "t2t",
         **job,
         "step_seconds": times,
+        "blocked_step_seconds": blocked,
         "compile_seconds": compile_seconds,
+        "setup_seconds": process_seconds,
         "loss": float(metrics["loss"]),
         "flops": nn.flops.training_flops(config, input_length, target_length) * job["batch"],
         "device": getattr(device, "device_kind", str(device)),
@@ -208,11 +250,26 @@ def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
         ),
         "versions": {"jax": jax.__version__},
     }
+    phases = result["phase_seconds"] = {"compile": compile_seconds}
+    text = compiled.as_text() if job.get("profile") or job.get("predict") else None
     if job.get("profile"):
-        result["kernels"] = _profile(compiled, params, opt_state, batch, rng, steps=3)
+        start = time.perf_counter()
+        result["kernels"] = _profile(compiled, params, opt_state, batch, rng, steps=3, text=text)
+        phases["profile"] = time.perf_counter() - start
+        if out_dir:  # the trace beside the results, for reading offline (if not too large)
+            trace = result["kernels"]["trace"]
+            if os.path.getsize(trace) < 15 * 2**20:
+                name = f"trace_{job['preset']}_{job['batch']}.trace.json.gz"
+                shutil.copy(trace, os.path.join(out_dir, name))
+                result["kernels"]["trace_copy"] = name
     if job.get("predict"):
+        start = time.perf_counter()
         median = statistics.median(times)
-        text = compiled.as_text()
+        if out_dir and job.get("profile"):  # the optimized program, to name the trace's kernels
+            name = f"hlo_{job['preset']}_{job['batch']}.txt.gz"
+            with gzip.open(os.path.join(out_dir, name), "wt") as f:
+                f.write(text)
+            result["hlo_copy"] = name
         flops = aot_flops.matmul_flops(traced.jaxpr)
         measured = measured_rates()
         chip = chip_of(result["device"])
@@ -226,10 +283,11 @@ def run_t2t(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
         for prediction in predictions.values():
             prediction["error_vs_measured"] = prediction["step_seconds"] / median - 1
         result.update(measured_rates=measured, prediction=predictions)
+        phases["predict"] = time.perf_counter() - start
     return result
 
 
-def _profile(compiled, params, opt_state, batch, rng, steps: int) -> dict:
+def _profile(compiled, params, opt_state, batch, rng, steps: int, text: str) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -241,7 +299,9 @@ def _profile(compiled, params, opt_state, batch, rng, steps: int) -> dict:
         for i in range(steps):
             params, opt_state, metrics = compiled(params, opt_state, batch, rng, jnp.int32(i))
             jax.block_until_ready(metrics["loss"])
-    return gpu_profile.kernel_breakdown(directory, steps)
+    kernels = gpu_profile.kernel_breakdown(directory, steps)
+    kernels["by_source"] = gpu_profile.by_source(directory, text, steps)
+    return kernels
 
 
 def run_check(job: dict, smoke: bool) -> dict:
@@ -357,6 +417,7 @@ def run_sites(job: dict, smoke: bool) -> dict:
     out = {}
     rng = np.random.default_rng(0)
     for site, (length, key_length, has_bias, visibility) in sites.items():
+        rows_valid = visibility.query_valid
         q = jnp.asarray(rng.standard_normal((rows, length, heads, head_dim)) * 0.3, jnp.bfloat16)
         k, v = (
             jnp.asarray(rng.standard_normal((rows, heads, key_length, head_dim)), jnp.bfloat16)
@@ -369,9 +430,12 @@ def run_sites(job: dict, smoke: bool) -> dict:
         grads = {}
         for impl in ("xla", "cudnn"):
 
-            def loss(q, k, v, bias, impl=impl):
+            def loss(q, k, v, bias, impl=impl, rows_valid=rows_valid):
                 out = attention_ops.attention(q, k, v, bias, visibility, implementation=impl)
-                return jnp.sum(out.astype(jnp.float32) ** 2)
+                out = out.astype(jnp.float32)
+                if rows_valid is not None:  # padding queries never reach a loss (as in t2t)
+                    out = out * rows_valid[:, :, None, None]
+                return jnp.sum(out**2)
 
             step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if has_bias else (0, 1, 2)))
             try:
@@ -443,8 +507,8 @@ def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    times, first = [], None
-    for i in range(warmup + steps_timed):
+    blocked, first = [], None
+    for i in range(warmup + min(steps_timed, 5)):
         sync()
         start = time.perf_counter()
         loss = step()
@@ -452,12 +516,21 @@ def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
         if i == 0:
             first = time.perf_counter() - start
         if i >= warmup:
-            times.append(time.perf_counter() - start)
+            blocked.append(time.perf_counter() - start)
+
+    def window(steps):
+        nonlocal loss
+        for _ in range(steps):
+            loss = step()
+        sync()
+
+    times = _pipelined(window, steps_timed)
     input_length, target_length = lengths(smoke)
     return {
         "side": "hf+compile" if job.get("compile") else "hf",
         **job,
         "step_seconds": times,
+        "blocked_step_seconds": blocked,
         "first_step_seconds": first,
         "loss": float(loss.detach()),
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
@@ -468,7 +541,9 @@ def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
 
 def child(job: dict, args) -> dict:
     if job["kind"] == "t2t":
-        return run_t2t(job, args.steps, args.warmup, args.smoke)
+        return run_t2t(
+            job, args.steps, args.warmup, args.smoke, os.path.dirname(os.path.abspath(args.out))
+        )
     if job["kind"] == "hf":
         return run_hf(job, args.steps, args.warmup, args.smoke)
     if job["kind"] == "check":
@@ -539,6 +614,7 @@ def main(argv=None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         result = child(json.loads(args.child), args)
         print(RESULT + json.dumps(result, default=str), flush=True)
         return 0
@@ -558,7 +634,9 @@ def main(argv=None) -> int:
             f"--child={json.dumps(job)}",
             f"--steps={3 if args.smoke else args.steps}",
             f"--warmup={1 if args.smoke else args.warmup}",
+            f"--out={args.out}",
         ]
+        job_start = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=max(left, 1))
             lines = [x for x in done.stdout.splitlines() if x.startswith(RESULT)]
@@ -568,6 +646,7 @@ def main(argv=None) -> int:
                 result = _summarize(json.loads(lines[-1][len(RESULT) :]))
         except subprocess.TimeoutExpired:
             result = {**job, "error": "out of time"}
+        result["job_wall_seconds"] = time.perf_counter() - job_start
         results.append(result)
         print(_line(result), flush=True)
         _write(args.out, results, skipped, time.perf_counter() - start)

@@ -54,3 +54,45 @@ def test_a_trace_is_summed_per_step_over_device_kernels_only(tmp_path):
     assert found["other_ms"] == pytest.approx(20.0)
     assert found["total_ms"] == pytest.approx(54.0)
     assert found["largest_other"] == [("loop_add_fusion", 20.0)]
+    assert found["largest"][0][:3] == ["matmul", "nvjet_tst_128x256", 30.0]
+
+
+HLO = """HloModule jit_train_step
+
+ENTRY %main {
+  %loop_add_fusion.3 = bf16[4]{0} fusion(%p), metadata={op_name="j/jvp()/add" stack_frame_id=2}
+  %loop_add_fusion.4 = bf16[4]{0} fusion(%p), metadata={op_name="j/jvp()/mul" stack_frame_id=1}
+}
+
+FileNames
+1 "/somewhere/t2t/nn/layers.py"
+FunctionNames
+1 "RMSNorm.__call__"
+2 "Mlp.__call__"
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=314 end_line=314 column=1 end_column=2}
+2 {file_name_id=1 function_name_id=2 line=362 end_line=362 column=1 end_column=2}
+StackFrames
+1 {file_location_id=1 parent_frame_id=0}
+2 {file_location_id=2 parent_frame_id=0}
+"""
+
+
+def test_non_matmul_kernel_time_is_attributed_to_lines_of_t2t(tmp_path):
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 2, "name": "nvjet_tst_128x256", "dur": 60000},
+        {"ph": "X", "pid": 2, "name": "loop_add_fusion_3", "dur": 30000},
+        {"ph": "X", "pid": 2, "name": "loop_add_fusion_4", "dur": 10000},
+        {"ph": "X", "pid": 2, "name": "loop_add_fusion_3", "dur": 2000},
+        {"ph": "X", "pid": 2, "name": "mystery_kernel", "dur": 1000},
+    ]
+    path = tmp_path / "x.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    rows = gpu_profile.by_source(str(path), HLO, steps=2)
+    assert rows == [
+        [16.0, 1.0, "t2t/nn/layers.py:362 Mlp.__call__", "add"],
+        [5.0, 0.5, "t2t/nn/layers.py:314 RMSNorm.__call__", "mul"],
+        [0.5, 0.5, "?", "(not in the program)"],
+    ]

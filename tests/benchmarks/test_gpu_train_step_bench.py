@@ -18,7 +18,9 @@ spec.loader.exec_module(bench)
 def test_the_t2t_side_times_the_step_and_predicts_it():
     job = {"kind": "t2t", "preset": "tiny", "batch": 2, "predict": True, "smoke": True}
     result = bench._summarize(bench.run_t2t(job, steps_timed=2, warmup=1, smoke=True))
-    assert len(result["step_seconds"]) == 2 and result["median_seconds"] > 0
+    # Three windows of back-to-back steps (one step each here), and the steps waited for alone.
+    assert len(result["step_seconds"]) == 3 and result["median_seconds"] > 0
+    assert len(result["blocked_step_seconds"]) == 2
     assert result["tokens_per_second"] == pytest.approx(2 * (32 + 8) / result["median_seconds"])
     assert set(result["attention"].values()) == {"xla"}  # the CPU runs XLA attention
     prediction = result["prediction"]["measured"]
