@@ -197,7 +197,9 @@ def run_t2t(
         overrides["scan_layers"] = True
     config = _config(nn, job["preset"], smoke, **overrides)
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
-    params = model.init_params(jax.random.PRNGKey(0))
+    start = time.perf_counter()
+    params = jax.block_until_ready(model.init_params(jax.random.PRNGKey(0)))
+    init_seconds = time.perf_counter() - start
     tx = optim.adafactor(optim.inverse_sqrt())
     opt_state = jax.jit(tx.init)(params)  # eager, each op would compile on its own
     inputs, targets = _batch(job["batch"], smoke)
@@ -240,7 +242,8 @@ def run_t2t(
         "step_seconds": times,
         "blocked_step_seconds": blocked,
         "compile_seconds": compile_seconds,
-        "setup_seconds": process_seconds,
+        "setup_seconds": process_seconds,  # from the process's start, imports included
+        "init_seconds": init_seconds,  # the parameters' initialization, compile included
         "loss": float(metrics["loss"]),
         "flops": nn.flops.training_flops(config, input_length, target_length) * job["batch"],
         "device": getattr(device, "device_kind", str(device)),
