@@ -30,6 +30,8 @@ keeps what it measured:
 10. HF + torch.compile base at 64.   11. HF + torch.compile large at 128.
 12. t2t base at 128 with scanned layers (Adafactor on stacked parameters: fewer, larger kernels).
 13. t2t base at 128 with `attention_impl="cudnn"` (the causal decoder on cuDNN too).
+14. t2t base at 128 with `JAX_THREEFRY_GPU_KERNEL_LOWERING=1` (the same random numbers from one
+    CUDA kernel: does the parameter init, 120 s per job on the H100 machine, compile faster?).
 `--jobs` runs a subset in the order given.
 
 Step time is the median over 3 windows of steps dispatched back to back with one wait at the end
@@ -91,6 +93,16 @@ JOBS = [
     ({"kind": "hf", "preset": "t5_1_1_large", "batch": 128, "compile": True}, 200),
     ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "scan_layers": True}, 70),
     ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "attention_impl": "cudnn"}, 70),
+    # Same values, threefry as one CUDA kernel: fewer kernels for XLA to compile at init.
+    (
+        {
+            "kind": "t2t",
+            "preset": "t5_1_1_base",
+            "batch": 128,
+            "env": {"JAX_THREEFRY_GPU_KERNEL_LOWERING": "1"},
+        },
+        70,
+    ),
 ]
 SMOKE_JOBS = [
     ({"kind": "check", "preset": "tiny"}, 60),
@@ -641,7 +653,13 @@ def main(argv=None) -> int:
         ]
         job_start = time.perf_counter()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=max(left, 1))
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=max(left, 1),
+                env={**os.environ, **job.get("env", {})},
+            )
             lines = [x for x in done.stdout.splitlines() if x.startswith(RESULT)]
             if done.returncode or not lines:
                 result = {**job, "error": done.stderr[-3000:]}
