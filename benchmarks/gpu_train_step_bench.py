@@ -31,7 +31,7 @@ keeps what it measured:
 12. t2t base at 128 with scanned layers (Adafactor on stacked parameters: fewer, larger kernels).
 13. t2t base at 128 with `attention_impl="cudnn"` (the causal decoder on cuDNN too).
 14. t2t base at 128 with `JAX_THREEFRY_GPU_KERNEL_LOWERING=1` (the same random numbers from one
-    CUDA kernel: does the parameter init, 120 s per job on the H100 machine, compile faster?).
+    CUDA kernel: does the parameter init compile faster? A job's setup took 120 s on the H100).
 `--jobs` runs a subset in the order given.
 
 Step time is the median over 3 windows of steps dispatched back to back with one wait at the end
