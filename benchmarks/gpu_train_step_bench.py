@@ -213,7 +213,7 @@ def run_t2t(
     params = jax.block_until_ready(model.init_params(jax.random.PRNGKey(0)))
     init_seconds = time.perf_counter() - start
     tx = optim.adafactor(optim.inverse_sqrt())
-    opt_state = jax.jit(tx.init)(params)  # eager, each op would compile on its own
+    opt_state = jax.jit(tx.init)(params)  # (eagerly, each of its ops would compile on its own)
     inputs, targets = _batch(job["batch"], smoke)
     batch = jax.device_put(
         {
@@ -239,8 +239,8 @@ def run_t2t(
             blocked.append(time.perf_counter() - start)
 
     def window(steps):
+        nonlocal params, opt_state, metrics
         for i in range(steps):
-            nonlocal params, opt_state, metrics
             params, opt_state, metrics = compiled(params, opt_state, batch, rng, jnp.int32(i))
         jax.block_until_ready(metrics["loss"])
 
