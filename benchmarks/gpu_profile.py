@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import re
+import sys
 
 # Kernel names (or their HLO op) of matrix products: cuBLAS/cuBLASLt (sm90_xmma_gemm_*, nvjet_*,
 # cutlass_*), XLA's Triton GEMM fusions (gemm_fusion_*, triton_gemm_*), custom-call GEMMs.
@@ -195,6 +196,90 @@ def by_source(trace_dir_or_file: str, hlo_text: str, steps: int, top: int = 25) 
     return [[round(ms, 3), round(n / steps, 1), where, op] for (where, op), (ms, n) in rows]
 
 
+_NO_KERNEL = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "add-dependency",
+        "opt-barrier",
+        "partition-id",
+        "replica-id",
+        "domain",
+        # the second half of an asynchronous pair (its first half is the kernel)
+        "fusion-done",
+        "copy-done",
+        "async-done",
+        "async-update",
+        "send-done",
+        "recv-done",
+    }
+)
+_FUSION_KIND = re.compile(r'"kind":"(\w+)"|\bkind=(\w+)')
+
+
+def _kernel_kind(instruction) -> str:
+    """A fusion's emitter ("kLoop", "kInput", "__triton", ...), a custom call's target, or the
+    opcode of anything else (a copy, an asynchronous half)."""
+    if instruction.opcode in ("fusion", "fusion-start"):
+        found = _FUSION_KIND.findall(instruction.attributes)
+        kinds = [a or b for a, b in found]
+        custom = [k for k in kinds if k.startswith("__")]
+        return (custom or kinds or ["fusion"])[0]
+    if instruction.opcode == "custom-call":
+        return instruction.target or "custom-call"
+    return instruction.opcode
+
+
+def kernel_inventory(hlo_text: str) -> dict:
+    """The kernels an optimized GPU program launches per step, read from its text alone (no
+    trace): each instruction of the entry computation that runs on the device (a fusion, a
+    library call, a copy), loop bodies counted as often as they run, command buffers and calls
+    looked into. Returns {"kernels": n, "by_kind": {kind: n}, "by_file": {"t2t/nn/layers.py" or
+    "optax": n}}, largest first; a kernel with no source line counts under "?"."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from t2t.aot import cost_model, hlo
+
+    module = hlo.parse_module(hlo_text)
+    ops, frames = _source_table(hlo_text)
+    by_kind, by_file = collections.Counter(), collections.Counter()
+
+    def walk(name: str, runs: int, stack: tuple) -> None:
+        if name in stack or name not in module.computations:
+            return
+        for instruction in module.computations[name].instructions:
+            op = instruction.opcode
+            if op in _NO_KERNEL:
+                continue
+            if op == "while":
+                trips = cost_model._trip_count(module, instruction) or 1
+                walk(instruction.called["body"], runs * trips, stack + (name,))
+                continue
+            if op in ("call", "async-start") or (
+                op == "fusion" and "command_buffer" in instruction.called.get("calls", "")
+            ):
+                for called in instruction.called.values():
+                    walk(called, runs, stack + (name,))
+                continue
+            if op == "conditional":
+                for branch in instruction.branches[:1]:
+                    walk(branch, runs, stack + (name,))
+                continue
+            by_kind[_kernel_kind(instruction)] += runs
+            where = frames.get(ops.get(instruction.name, ("", 0))[1], "?")
+            by_file["optax" if where.startswith("optax/") else where.split(":")[0]] += runs
+
+    walk(module.entry, 1, ())
+    return {
+        "kernels": sum(by_kind.values()),
+        "by_kind": dict(by_kind.most_common()),
+        "by_file": dict(by_file.most_common()),
+    }
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -215,6 +300,10 @@ def main(argv=None) -> int:
         f"kernel time per step {found['total_ms']:.1f} ms: matmul {found['matmul_ms']:.1f}, "
         f"fused attention {found['attention_ms']:.1f}, other {found['other_ms']:.1f}"
     )
+    print("| fused-attention kernel | ms per step | launches per step |\n|---|---|---|")
+    for kind, name, ms, launches, _ in found["largest"]:
+        if kind == "attention":
+            print(f"| `{name[:60]}` | {ms:.2f} | {launches:g} |")
     print("| ms per step | kernels per step | where | op |\n|---|---|---|---|")
     for ms, count, where, op in by_source(trace, text, args.steps, top=args.top):
         print(f"| {ms:.2f} | {count:g} | `{where}` | {op} |")

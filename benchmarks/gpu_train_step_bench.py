@@ -21,7 +21,8 @@ keeps what it measured:
     gradient (the relative position tables' included), unpacked and packed rows.
  2. t2t base at 128, profiled (kernel time by kind from a trace, and the non-matmul kernels'
     time by the line of t2t that made them, `gpu_profile.by_source`) and with the cost model's
-    prediction (`t2t.aot.cost_model`, at the chip's measured matmul rate and copy bandwidth);
+    prediction (`t2t.aot.cost_model`, at the chip's measured matmul rate, copy bandwidth and
+    cuDNN attention rate);
     the trace and the optimized program are written beside the results.
  3. HF + torch.compile base at 128.   4. t2t base at 64 with the prediction.
  5. t2t base at 128 with `attention_impl="xla"`.
@@ -155,9 +156,11 @@ def _config(nn, preset: str, smoke: bool, **overrides):
     return nn.get_preset(preset, **fields)
 
 
-def measured_rates() -> dict:
+def measured_rates(attention_shape: tuple | None = None) -> dict:
     """This chip's bfloat16 matmul rate (an 8192^3 product) and copy bandwidth (bytes read +
-    written by an elementwise pass over 1 GiB), each the median of 10 runs after a warm-up."""
+    written by an elementwise pass over 1 GiB), each the median of 10 runs after a warm-up;
+    on a GPU and given `(batch, heads, head_dim, (input_length, target_length))`, also cuDNN
+    attention's rate at the network's shapes (`_attention_rate`)."""
     import jax
     import jax.numpy as jnp
 
@@ -176,7 +179,37 @@ def measured_rates() -> dict:
     elements = 2**29 if jax.default_backend() == "gpu" else 2**22
     x = jax.random.normal(jax.random.PRNGKey(1), (elements,), jnp.bfloat16)
     copy = median_seconds(jax.jit(lambda x: x * 2 + 1), x)
-    return {"matmul_flops_per_second": 2 * n**3 / matmul, "bytes_per_second": 4 * elements / copy}
+    rates = {"matmul_flops_per_second": 2 * n**3 / matmul, "bytes_per_second": 4 * elements / copy}
+    if attention_shape and jax.default_backend() == "gpu":
+        rates["attention_flops_per_second"] = _attention_rate(median_seconds, *attention_shape)
+    return rates
+
+
+def _attention_rate(median_seconds, batch: int, heads: int, head_dim: int, lengths) -> float:
+    """FLOP/s of cuDNN's fused attention, forward + backward, over one encoder self-attention
+    (with a [1, N, L, L] bias and its gradient) and one cross-attention, as each layer pair of
+    an encoder-decoder runs them (no padding); FLOPs counted as `t2t.aot.flops` counts them."""
+    import jax
+    import jax.numpy as jnp
+
+    input_length, target_length = lengths
+    key = jax.random.PRNGKey(2)
+    seconds, flops = 0.0, 0
+    for length, with_bias in ((input_length, True), (target_length, False)):
+        q = jax.random.normal(key, (batch, length, heads, head_dim), jnp.bfloat16)
+        k = jax.random.normal(key, (batch, input_length, heads, head_dim), jnp.bfloat16)
+        bias = None
+        if with_bias:
+            bias = jax.random.normal(key, (1, heads, length, input_length), jnp.bfloat16)
+
+        def loss(q, k, bias):
+            out = jax.nn.dot_product_attention(q, k, k, bias=bias, implementation="cudnn")
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+
+        argnums = (0, 1, 2) if with_bias else (0, 1)
+        seconds += median_seconds(jax.jit(jax.grad(loss, argnums=argnums)), q, k, bias)
+        flops += 14 * batch * heads * length * input_length * head_dim
+    return flops / seconds
 
 
 def _pipelined(window, steps: int, windows: int = 3) -> list[float]:
@@ -286,13 +319,23 @@ def run_t2t(
                 f.write(text)
             result["hlo_copy"] = name
         flops = aot_flops.matmul_flops(traced.jaxpr)
-        measured = measured_rates()
+        attention_flops = aot_flops.fused_attention_flops(traced.jaxpr)
+        measured = measured_rates((job["batch"], config.num_heads, config.d_kv, lengths(smoke)))
         chip = chip_of(result["device"])
         predictions = {
             "measured": cost_model.estimate(
-                text, flops, cost_model.Rates(**measured, source="measured"), top=6
+                text,
+                flops,
+                cost_model.Rates(**measured, source="measured"),
+                attention_flops=attention_flops,
+                top=6,
             )
         }
+        if "attention_flops_per_second" in measured:  # as the first GPU runs estimated it
+            matmul_only = {k: v for k, v in measured.items() if k != "attention_flops_per_second"}
+            predictions["measured, attention at the matmul rate"] = cost_model.estimate(
+                text, flops, cost_model.Rates(**matmul_only, source="measured"), top=6
+            )
         if chip:
             predictions["peak"] = cost_model.estimate(text, flops, cost_model.Rates(*chip), top=6)
         for prediction in predictions.values():

@@ -17,10 +17,14 @@ program instead (`t2t.aot.hlo`) and counts, for each kernel the device will run:
   library call) runs at the chip's matmul rate; every other kernel at its memory bandwidth.
 
 The estimate: `step = max(matmul FLOPs / matmul rate, matmul kernels' bytes / bandwidth) +
-other kernels' bytes / bandwidth`. Matmuls overlap their own traffic; the other kernels (norms,
-softmax, dropout masks, the optimizer's update, layout copies) run one after another, each at
-the speed of its memory traffic. The matmul FLOPs come from the traced program
-(`t2t.aot.flops`: exact, loops counted), not from the HLO.
+fused attention FLOPs / attention rate + other kernels' bytes / bandwidth`. Matmuls overlap
+their own traffic; the other kernels (norms, softmax, dropout masks, the optimizer's update,
+layout copies) run one after another, each at the speed of its memory traffic. The FLOPs come
+from the traced program (`t2t.aot.flops`: exact, loops counted), not from the HLO. cuDNN's
+fused attention gets a rate of its own when one was measured (on the H100 it ran T5.1.1-base's
+attention at about a fifth of the GEMMs' rate: head dimension 64, and the relative bias's
+gradient writes the scores' gradient out, multiplies it again for dq and reduces it over the
+batch); without one its FLOPs count at the matmul rate.
 
 What it does not model, and says so in its report: collectives (their bytes are listed; the
 estimate assumes the interconnect overlaps them), compute inside non-matmul kernels
@@ -52,6 +56,7 @@ _FREE = frozenset(
         "opt-barrier",
         "copy-done",
         "slice-done",
+        "fusion-done",
         "all-gather-done",
         "all-reduce-done",
         "collective-permute-done",
@@ -108,6 +113,10 @@ class Rates:
     matmul_flops_per_second: float
     bytes_per_second: float
     source: str = "peak"
+    # cuDNN fused attention's rate (its forward and backward kernels together, with the bias
+    # gradient when there is one), measured at the network's attention shape; None: such
+    # kernels count at the matmul rate.
+    attention_flops_per_second: float | None = None
 
 
 @dataclasses.dataclass
@@ -285,6 +294,11 @@ def _walk(module: hlo.Module, name: str, runs: int, traffic: Traffic, stack: tup
         if op == "custom-call" and _TRIVIAL_TARGET.search(instruction.target):
             continue
         matmul = op in _MATMUL_OPCODES
+        if op == "fusion-start":  # an asynchronous fusion: ((operands), result, context)
+            instruction = dataclasses.replace(
+                instruction, opcode="fusion", shape=_async_result_shape(instruction.shape)
+            )
+            op = "fusion"
         if op == "fusion":
             size = _fusion_bytes(module, instruction, computation)
             matmul = _contains_matmul(module, instruction.called.get("calls", ""))
@@ -309,6 +323,21 @@ def _walk(module: hlo.Module, name: str, runs: int, traffic: Traffic, stack: tup
             traffic.kernels.append(
                 Kernel(instruction.name, op, instruction.op_name, runs * size, runs, matmul)
             )
+
+
+def _async_result_shape(shape: str) -> str:
+    """The result of an asynchronous start's `((operands...), result, context)` shape: what the
+    wrapped fusion writes (GPUs run a scanned loop's in-place slice updates this way)."""
+    depth, start, parts = 0, 1, []
+    for i, char in enumerate(shape):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        if (char == "," and depth == 1) or (char == ")" and depth == 0):
+            parts.append(shape[start:i].strip())
+            start = i + 1
+    return parts[1] if len(parts) > 1 else shape
 
 
 def _walk_branches(module, instruction, runs, traffic, stack) -> None:
@@ -374,28 +403,39 @@ def estimate(
     matmul_flops: float,
     rates: Rates,
     *,
+    attention_flops: float = 0.0,
     top: int = 8,
 ) -> dict[str, Any]:
     """The step's estimated time on one device, what bounds it and its largest memory-bound ops.
 
     Args:
       hlo_text: one device's optimized program (`compiled.as_text()`).
-      matmul_flops: the matmul FLOPs one device runs per step (`t2t.aot.flops`, loops counted).
-      rates: the chip's matmul rate and memory bandwidth.
+      matmul_flops: the matmul FLOPs one device runs per step (`t2t.aot.flops`, loops counted),
+        fused attention's included.
+      rates: the chip's matmul rate and memory bandwidth (and fused attention's rate).
+      attention_flops: the part of `matmul_flops` in cuDNN's fused attention
+        (`t2t.aot.flops.fused_attention_flops`); timed at `rates.attention_flops_per_second`
+        when that is set, else at the matmul rate like the rest.
       top: how many of the largest memory-bound sources to list.
 
     Returns:
-      {"step_seconds", "matmul_seconds", "matmul_memory_seconds", "other_seconds", "bound",
+      {"step_seconds", "matmul_seconds", "matmul_memory_seconds", "attention_seconds",
+      "other_seconds", "bound",
       "matmul_bytes", "other_bytes", "hbm_bytes", "collective_bytes", "collective_count",
       "largest_memory_bound": [{"source", "bytes", "seconds", "kernels"}...], "rates",
       "not_modeled": [...]}.
     """
     found = traffic(hlo_text)
-    compute = matmul_flops / rates.matmul_flops_per_second
+    if rates.attention_flops_per_second:
+        attention = attention_flops / rates.attention_flops_per_second
+        gemm_flops = matmul_flops - attention_flops
+    else:
+        attention, gemm_flops = 0.0, matmul_flops
+    compute = gemm_flops / rates.matmul_flops_per_second
     matmul_memory = found.matmul_bytes / rates.bytes_per_second
     other = found.other_bytes / rates.bytes_per_second
     matmul_part = max(compute, matmul_memory)
-    step = matmul_part + other
+    step = matmul_part + attention + other
     by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for kernel in found.kernels:
         if kernel.matmul:
@@ -404,8 +444,10 @@ def estimate(
         entry[0] += kernel.bytes
         entry[1] += kernel.runs
     largest = sorted(by_source.items(), key=lambda item: -item[1][0])[:top]
-    if other > matmul_part:
+    if other > max(matmul_part, attention):
         bound = "other kernels' memory traffic"
+    elif attention > matmul_part:
+        bound = "fused attention"
     elif compute >= matmul_memory:
         bound = "matmul compute"
     else:
@@ -414,9 +456,11 @@ def estimate(
         "step_seconds": step,
         "matmul_seconds": compute,
         "matmul_memory_seconds": matmul_memory,
+        "attention_seconds": attention,
         "other_seconds": other,
         "bound": bound,
         "matmul_flops": matmul_flops,
+        "attention_flops": attention_flops,
         "matmul_bytes": found.matmul_bytes,
         "other_bytes": found.other_bytes,
         "hbm_bytes": found.matmul_bytes + found.other_bytes,

@@ -64,22 +64,35 @@ def matmul_flops(jaxpr: Any) -> int:
     loop (unknown trip count) counts its body once; a Pallas kernel (`pallas_call`) counts its
     body once per point of its grid; cuDNN's fused attention as the module docstring says.
     """
+    return _count(jaxpr, fused_attention_only=False)
+
+
+def fused_attention_flops(jaxpr: Any) -> int:
+    """The part of `matmul_flops` that cuDNN's fused attention kernels run (loops counted the
+    same way). Those kernels reach a fraction of the GEMMs' rate (the bias gradient adds passes
+    over [B, N, L, S] scores), so the cost model may divide them by a rate of their own."""
+    return _count(jaxpr, fused_attention_only=True)
+
+
+def _count(jaxpr: Any, fused_attention_only: bool) -> int:
     if isinstance(jaxpr, jex_core.ClosedJaxpr):
         jaxpr = jaxpr.jaxpr
     total = 0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
-            total += _dot_flops(eqn)
+            total += 0 if fused_attention_only else _dot_flops(eqn)
             continue
         if name in _CUDNN_ATTENTION:
             total += _cudnn_attention_flops(eqn)
             continue
         if name == "cond":
-            total += max(matmul_flops(b) for b in eqn.params["branches"])
+            total += max(_count(b, fused_attention_only) for b in eqn.params["branches"])
             continue
         inner = sum(
-            matmul_flops(sub) for value in eqn.params.values() for sub in _sub_jaxprs(value)
+            _count(sub, fused_attention_only)
+            for value in eqn.params.values()
+            for sub in _sub_jaxprs(value)
         )
         if name == "scan":
             inner *= eqn.params["length"]

@@ -411,7 +411,13 @@ def format_cost_model(estimate: Mapping[str, Any], *, largest: int = 4) -> list[
         f"  estimated step: {estimate['step_seconds'] * ms:.1f} ms at the chip's "
         f"{estimate['rates']['source']} rates, bound by {estimate['bound']} (matmuls "
         f"{estimate['matmul_seconds'] * ms:.1f} ms, their operands "
-        f"{estimate['matmul_memory_seconds'] * ms:.1f} ms; other kernels "
+        f"{estimate['matmul_memory_seconds'] * ms:.1f} ms; "
+        + (
+            f"fused attention {estimate['attention_seconds'] * ms:.1f} ms; "
+            if estimate.get("attention_seconds")
+            else ""
+        )
+        + "other kernels "
         f"{estimate['other_seconds'] * ms:.1f} ms), MFU ~ {estimate['mfu']:.1%}",
         f"  memory traffic per step: {estimate['hbm_bytes'] / 1e9:,.1f} GB (matmul kernels "
         f"{estimate['matmul_bytes'] / 1e9:,.1f} GB, other kernels "

@@ -96,6 +96,11 @@ def test_matmul_flops_count_cudnn_fused_attention(monkeypatch):
     assert flops.matmul_flops(jax.make_jaxpr(jax.grad(loss))(q, bias)) == 14 * unit
     causal = jax.make_jaxpr(jax.grad(lambda q, bias: loss(q, bias, True)))(q, bias)
     assert flops.matmul_flops(causal) == 7 * unit
+    # The fused attention's share, alone: none of the projections around it.
+    w = jnp.ones((h, h), jnp.bfloat16)
+    projected = jax.make_jaxpr(jax.grad(lambda q, bias: loss(q @ w, bias)))(q, bias)
+    assert flops.fused_attention_flops(projected) == 14 * unit
+    assert flops.matmul_flops(projected) == 14 * unit + 2 * (2 * b * length * n * h * h)
 
 
 def test_topology_names_are_checked():

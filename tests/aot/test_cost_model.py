@@ -140,6 +140,53 @@ def test_the_estimate_adds_other_kernels_to_the_matmuls_or_their_traffic():
     ]
 
 
+def test_fused_attention_flops_can_run_at_a_rate_of_their_own():
+    rates = cost_model.Rates(matmul_flops_per_second=1e12, bytes_per_second=1e9)
+    other_bytes = 6166768 - 12 * 294916
+    # Without an attention rate every matmul FLOP runs at the matmul rate, attention or not.
+    same = cost_model.estimate(PROGRAM, 1e10, rates, attention_flops=4e9)
+    assert same["step_seconds"] == pytest.approx(1e10 / 1e12 + other_bytes / 1e9)
+    assert same["attention_seconds"] == 0.0
+    # With one, the attention's share leaves the GEMMs' time and takes its own: 6 ms of GEMMs,
+    # 4e9 / 1e11 = 40 ms of fused attention, which now bounds the step.
+    slow_attention = cost_model.Rates(1e12, 1e9, attention_flops_per_second=1e11)
+    split = cost_model.estimate(PROGRAM, 1e10, slow_attention, attention_flops=4e9)
+    assert split["matmul_seconds"] == pytest.approx(6e9 / 1e12)
+    assert split["attention_seconds"] == pytest.approx(0.04)
+    assert split["step_seconds"] == pytest.approx(6e-3 + 0.04 + other_bytes / 1e9)
+    assert split["bound"] == "fused attention"
+
+
+ASYNC_PROGRAM = """
+HloModule jit_step
+
+%fused_update (param_0: bf16[12,256,128], param_1: s32[], param_2: bf16[256,128]) -> bf16[12,256,128] {
+  %param_0 = bf16[12,256,128]{2,1,0} parameter(0)
+  %param_2 = bf16[256,128]{1,0} parameter(2)
+  %bitcast.1 = bf16[1,256,128]{2,1,0} bitcast(%param_2)
+  %param_1 = s32[] parameter(1)
+  %constant.1 = s32[] constant(0)
+  ROOT %dynamic-update-slice.1 = bf16[12,256,128]{2,1,0} dynamic-update-slice(%param_0, %bitcast.1, %param_1, %constant.1, %constant.1)
+}
+
+ENTRY %main (stack: bf16[12,256,128], i: s32[], x: bf16[256,128]) -> bf16[12,256,128] {
+  %stack = bf16[12,256,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %x = bf16[256,128]{1,0} parameter(2)
+  %fusion-start.1 = ((bf16[12,256,128]{2,1,0}, s32[], bf16[256,128]{1,0}), bf16[12,256,128]{2,1,0}, u32[]) fusion-start(%stack, %i, %x), kind=kLoop, calls=%fused_update
+  ROOT %fusion-done.1 = bf16[12,256,128]{2,1,0} fusion-done(%fusion-start.1)
+}
+"""
+
+
+def test_an_asynchronous_fusion_counts_as_the_fusion_it_wraps():
+    # GPUs run a scanned loop's in-place slice update as fusion-start/fusion-done: it reads
+    # the row block x (65536 bytes) and the index (4), and writes only the update (65536), not
+    # the whole stacked array (786432) it appears to take and return.
+    found = cost_model.traffic(ASYNC_PROGRAM)
+    assert [(k.opcode, k.bytes) for k in found.kernels] == [("fusion", 65536 + 4 + 65536)]
+
+
 def _traffic_of(fn, *args):
     return cost_model.traffic(jax.jit(fn).lower(*args).compile().as_text())
 

@@ -96,3 +96,62 @@ def test_non_matmul_kernel_time_is_attributed_to_lines_of_t2t(tmp_path):
         [5.0, 0.5, "t2t/nn/layers.py:314 RMSNorm.__call__", "mul"],
         [0.5, 0.5, "?", "(not in the program)"],
     ]
+
+
+LOOP_HLO = """HloModule jit_train_step
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8]{0} get-tuple-element(%p), index=1
+  %loop_add_fusion.1 = f32[8]{0} fusion(%x), kind=kLoop, calls=%f, metadata={op_name="j/add" stack_frame_id=1}
+  %cublas.1 = f32[8]{0} custom-call(%loop_add_fusion.1), custom_call_target="__cublas$lt$matmul"
+  ROOT %t = (s32[], f32[8]{0}) tuple(%i, %cublas.1)
+}
+
+%cond (p.1: (s32[], f32[8])) -> pred[] {
+  %p.1 = (s32[], f32[8]{0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%p.1), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i.1, %n), direction=LT
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[8]{0}) tuple(%z, %a)
+  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body
+  %out = f32[8]{0} get-tuple-element(%w), index=1
+  %reduce.2 = f32[8]{0} fusion(%out), kind=kCustom, calls=%g, metadata={op_name="j/reduce_sum" stack_frame_id=2}, backend_config={"fusion_backend_config":{"kind":"__triton"}}
+  %start = ((f32[8]{0}), f32[8]{0}) fusion-start(%reduce.2), kind=kLoop, calls=%h
+  %done = f32[8]{0} fusion-done(%start)
+  ROOT %copy.1 = f32[8]{0} copy(%done)
+}
+
+FileNames
+1 "/somewhere/t2t/nn/layers.py"
+2 "/site-packages/optax/_src/factorized.py"
+FunctionNames
+1 "Mlp.__call__"
+2 "_update"
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=362 end_line=362 column=1 end_column=2}
+2 {file_name_id=2 function_name_id=2 line=181 end_line=181 column=1 end_column=2}
+StackFrames
+1 {file_location_id=1 parent_frame_id=0}
+2 {file_location_id=2 parent_frame_id=0}
+"""
+
+
+def test_the_kernels_of_a_program_are_counted_from_its_text_loops_by_their_trips():
+    found = gpu_profile.kernel_inventory(LOOP_HLO)
+    # The loop body's fusion and GEMM run 3 times; the Triton reduction, the asynchronous
+    # fusion (one kernel for its start/done pair) and the copy once each.
+    assert found["by_kind"] == {
+        "kLoop": 4,
+        "__cublas$lt$matmul": 3,
+        "__triton": 1,
+        "copy": 1,
+    }
+    assert found["kernels"] == 9
+    assert found["by_file"] == {"t2t/nn/layers.py": 3, "?": 5, "optax": 1}
