@@ -14,10 +14,10 @@ Use it to see what a change does to the kernels before a GPU is at hand (kernel 
 source file, bytes and the estimate per kind); times still come from the GPU benchmark
 (`gpu_train_step_bench.py`).
 
-Needs JAX's CUDA plugin in the same version as jax (`pip install "jax[cuda12]==<jax version>"`,
-about 5 GB; no driver, no GPU). This script sets what the deviceless compile needs before JAX
-starts: no CUDA version check (there is no driver to ask), no Triton GEMMs (their tiles come
-from autotuning), and JAX's cuDNN version query answered with the lent H100's cuDNN 9.19.
+Needs JAX's CUDA plugin in the same version as jax (`pip install -e '.[cuda]'`, about 5 GB; no
+driver, no GPU). The target is `t2t.aot.targets.gpu_target("h100")`, what `t2t compile
+--topology=h100` compiles for; this script adds the kernel inventory and compiles the GPU
+benchmark's configuration directly, without gin.
 
     python benchmarks/gpu_deviceless.py --batch 128 --compare \\
         benchmarks/results/gpu_h100/hlo_t5_1_1_base_128.txt.gz --out /tmp/deviceless.json
@@ -35,46 +35,6 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-
-# What XLA needs to know of an H100 SXM 80GB (SMs, shared memory, registers, L2, HBM, clock,
-# compute capability 9.0) and of the libraries on the lent machine (cuDNN 9.19, CUDA 12.8).
-H100_TARGET = """
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 84929347584
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 19 }
-runtime_version { major: 12 minor: 8 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
-CUDNN_VERSION = 91900
-
-
-def _prepare_environment() -> None:
-    """Before JAX starts: the CUDA plugin must not look for a driver, nor XLA tile GEMMs for
-    Triton without autotuning."""
-    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_gpu_enable_triton_gemm" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_gpu_enable_triton_gemm=false").strip()
 
 
 def committed_rates() -> dict | None:
@@ -104,16 +64,13 @@ def compile_step(preset: str, batch: int, **overrides) -> dict:
     """The train step (`t2t.trainer.steps.make_train_step`, Adafactor, bfloat16, dropout off)
     compiled for one H100: {"hlo", "matmul_flops", "attention_flops", "memory", "seconds"}."""
     import jax
-    import jax._src.cudnn.fused_attention_stablehlo as fused_attention
     import jax.numpy as jnp
-    from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    # NOTE: JAX asks the device for cuDNN's version while tracing; there is none to ask.
-    fused_attention.check_cudnn_version = lambda *args: CUDNN_VERSION
     sys.path.insert(0, REPO)
     from t2t import models, nn, optim
-    from t2t.aot import flops
+    from t2t.aot import flops, targets
 
     spec = importlib.util.spec_from_file_location(
         "t2t_train_steps", os.path.join(REPO, "t2t", "trainer", "steps.py")
@@ -121,10 +78,7 @@ def compile_step(preset: str, batch: int, **overrides) -> dict:
     steps = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(steps)
 
-    topology = topologies.get_topology_desc(
-        platform="cuda", target_config=H100_TARGET, topology="1x1x1"
-    )
-    mesh = topologies.make_mesh(topology, (1,), ("data",))
+    mesh = Mesh(np.array(targets.gpu_target("h100").devices), ("data",))
     replicated = NamedSharding(mesh, PartitionSpec())
     config = nn.get_preset(preset, dtype="bfloat16", dropout_rate=0.0, **overrides)
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
@@ -205,7 +159,10 @@ def main(argv=None) -> int:
     parser.add_argument("--hlo_out", help="write each compiled program here (.txt.gz; {batch})")
     parser.add_argument("--out", help="write the results as JSON")
     args = parser.parse_args(argv)
-    _prepare_environment()
+    sys.path.insert(0, REPO)
+    from t2t.aot import targets
+
+    targets.prepare_gpu_compile()  # before JAX starts
     profile = _load_profile()
     rates = committed_rates()
     results = []

@@ -1,9 +1,10 @@
-"""Ahead-of-time compilation: a run's programs compiled for a TPU slice or CPU devices, no run.
+"""Ahead-of-time compilation: a run's programs compiled for a TPU slice, GPUs or CPU devices, no run.
 
 Capacity planning before anyone rents a slice (`t2t compile`): the real train step and greedy
 decoding, with the real shardings, lowered on abstract inputs and compiled by libtpu's compiler
 for a named Cloud TPU topology (`tpu_target("v5p:4x4x4")`; libtpu is an optional extra and needs
-no TPU) or for N CPU devices (`cpu_target(8)`). The report gives memory per device against the
+no TPU), for described NVIDIA GPUs (`gpu_target("h100:8")`; JAX's CUDA plugin, an optional extra,
+needs no GPU) or for N CPU devices (`cpu_target(8)`). The report gives memory per device against the
 device's capacity, compile time, compiled against model FLOPs, the collectives, the compute dtype
 and attention implementation, an estimated step time from the program's matmul FLOPs and memory
 traffic (`cost_model`) with its largest memory-bound operations, and settings that would make a
@@ -19,7 +20,16 @@ step that does not fit fit.
 
 from t2t.aot import cost_model
 from t2t.aot.report import Report, RunShape, advise, compile_run, format_report
-from t2t.aot.targets import CHIPS, Chip, Target, cpu_target, ensure_cpu_devices, tpu_target
+from t2t.aot.targets import (
+    CHIPS,
+    Chip,
+    Target,
+    cpu_target,
+    ensure_cpu_devices,
+    gpu_target,
+    prepare_gpu_compile,
+    tpu_target,
+)
 
 __all__ = [
     "CHIPS",
@@ -33,5 +43,7 @@ __all__ = [
     "cpu_target",
     "ensure_cpu_devices",
     "format_report",
+    "gpu_target",
+    "prepare_gpu_compile",
     "tpu_target",
 ]

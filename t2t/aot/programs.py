@@ -36,6 +36,7 @@ class Compiled:
     lower_seconds: float  # tracing and lowering
     compile_seconds: float
     matmul_flops: int  # of the whole (global) program, loops counted (`t2t.aot.flops`)
+    attention_flops: int = 0  # the part of matmul_flops in cuDNN's fused attention
 
 
 @contextlib.contextmanager
@@ -120,6 +121,7 @@ def _lower_and_compile(label: str, trace: Callable[[], Any], progress: bool) -> 
         lowered_at - start,
         time.perf_counter() - lowered_at,
         flops.matmul_flops(traced.jaxpr),
+        flops.fused_attention_flops(traced.jaxpr),
     )
 
 

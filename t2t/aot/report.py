@@ -118,6 +118,7 @@ def _program_entry(result: programs.Compiled, capacity: int | None) -> dict[str,
     entry["xla_flops"] = xla["flops"]
     entry["xla_bytes_accessed"] = xla["bytes_accessed"]
     entry["program_flops"] = result.matmul_flops
+    entry["program_attention_flops"] = result.attention_flops
     entry["collectives"] = analysis.collective_census(text)
     entry["lower_seconds"] = result.lower_seconds
     entry["compile_seconds"] = result.compile_seconds
@@ -219,8 +220,13 @@ def compile_run(
         train["flops"] = train["program_flops"] / target.num_devices
         train["flops_ratio"] = train["flops"] / model_flops
         if hlo_text is not None and target.chip and target.chip.peak_flops:
-            rates = cost_model.Rates(target.chip.peak_flops, target.chip.memory_bandwidth)
-            estimate = cost_model.estimate(hlo_text, train["flops"], rates)
+            rates = target.chip.rates or cost_model.Rates(
+                target.chip.peak_flops, target.chip.memory_bandwidth
+            )
+            attention_flops = train.get("program_attention_flops", 0) / target.num_devices
+            estimate = cost_model.estimate(
+                hlo_text, train["flops"], rates, attention_flops=attention_flops
+            )
             estimate["mfu"] = model_flops / (estimate["step_seconds"] * target.chip.peak_flops)
             train["cost_model"] = estimate
     decoded = None

@@ -225,7 +225,7 @@ def _study_file(name: str) -> str:
 def add_compile(subparsers) -> None:
     parser = subparsers.add_parser(
         "compile",
-        help="compile a training run for a TPU slice or CPU devices ahead of time: memory, "
+        help="compile a training run for a TPU slice, GPUs or CPU devices ahead of time: memory, "
         "FLOPs, collectives, and what would make it fit",
         description="Lower and compile the train step (and greedy decoding) that `t2t train` "
         "would run under the same gin files, with their real shardings, on abstract inputs: "
@@ -242,7 +242,9 @@ def add_compile(subparsers) -> None:
     target.add_argument(
         "--topology",
         help="a Cloud TPU slice: GENERATION:CHIPS, e.g. v5e:4x4, "
-        "v4:4x4x4, v5p:8x8x16, v3:16x32 (v2, v3, v4, v5e, v5p, v6e)",
+        "v4:4x4x4, v5p:8x8x16, v3:16x32 (v2, v3, v4, v5e, v5p, v6e); or NVIDIA GPUs: h100, "
+        "h200, h100:8 (one host of 8), h100:4x8 (4 hosts of 8), compiled through JAX's CUDA "
+        "plugin (pip install -e '.[cuda]'; no GPU needed)",
     )
     target.add_argument("--cpu_devices", type=int, help="compile for N CPU devices instead")
     parser.add_argument(
@@ -279,10 +281,12 @@ def add_compile(subparsers) -> None:
     add_gin_flags(parser)
 
     def handler(args) -> int:
-        if args.cpu_devices is not None:
-            from t2t.aot import targets
+        from t2t.aot import targets
 
+        if args.cpu_devices is not None:
             targets.ensure_cpu_devices(args.cpu_devices)
+        elif targets.is_gpu_topology(args.topology):
+            targets.prepare_gpu_compile()
         from t2t import runs
 
         if not args.gin_file:

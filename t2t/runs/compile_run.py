@@ -116,11 +116,12 @@ def compile_train(
         if v is not None
     }
     config = config.replace(**changes)
-    target = (
-        aot.tpu_target(topology)
-        if topology is not None
-        else aot.cpu_target(cpu_devices, device_memory_gib)
-    )
+    if topology is None:
+        target = aot.cpu_target(cpu_devices, device_memory_gib)
+    elif aot.targets.is_gpu_topology(topology):
+        target = aot.gpu_target(topology)
+    else:
+        target = aot.tpu_target(topology)
     shape = aot.RunShape(
         config,
         run["batch_size"],

@@ -5,6 +5,10 @@ topology runs only when libtpu is installed."""
 
 import importlib.util
 import json
+import os
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +115,30 @@ def test_topology_names_are_checked():
         targets.parse_topology("v9:2x2")
 
 
+@pytest.mark.parametrize(
+    "name, gpu", [("h100", True), ("h200:8", True), ("H100:4x8", True), ("v5e:4x4", False)]
+)
+def test_gpu_topologies_are_told_from_tpu_slices(name, gpu):
+    assert targets.is_gpu_topology(name) is gpu
+
+
+def test_a_gpu_target_says_what_is_missing(monkeypatch):
+    with pytest.raises(ValueError, match="h100:8 \\(one host of 8\\)"):
+        targets.gpu_target("a100:8")
+    # Without JAX's CUDA plugin (as in CI), the message says how to install it.
+    monkeypatch.setattr(targets, "has_cuda_plugin", lambda: False)
+    with pytest.raises(ValueError, match=re.escape("pip install -e '.[cuda]'")):
+        targets.gpu_target("h100:8")
+
+
+def test_a_gpu_compile_keeps_other_xla_flags_and_turns_off_triton_gemms(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    monkeypatch.delenv("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", raising=False)
+    targets.prepare_gpu_compile()
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_gpu_enable_triton_gemm=false"
+    assert os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] == "1"
+
+
 RUN_GIN = """
 include 'models/tiny.gin'
 include 'runs/pretrain.gin'
@@ -206,6 +234,28 @@ def test_compile_refuses_bad_targets(run_gin, capsys):
 def test_compile_for_tpu_says_how_to_get_libtpu(run_gin, capsys):
     assert cli.main(["compile", f"--gin_file={run_gin}", "--topology=v5e:2x2"]) == 2
     assert "pip install -e '.[tpu]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(targets.has_cuda_plugin(), reason="JAX's CUDA plugin is installed")
+def test_compile_for_gpus_says_how_to_get_the_cuda_plugin(run_gin, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored afterwards
+    assert cli.main(["compile", f"--gin_file={run_gin}", "--topology=h100:8"]) == 2
+    assert "pip install -e '.[cuda]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not targets.has_cuda_plugin(), reason="needs JAX's CUDA plugin: pip install -e '.[cuda]'"
+)
+def test_tiny_run_compiles_for_two_described_gpus(tmp_path):
+    # A process of its own: the plugin must start without looking for a driver.
+    out = tmp_path / "report.json"
+    command = [sys.executable, "-m", "t2t.cli", "compile", "--topology=h100:2", "--mesh_shape=2,1"]
+    command += ["--gin_file=gin/experiments/tiny_builtin_demo.gin", "--no_decode"]
+    done = subprocess.run([*command, f"--output_json={out}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert (report["target"]["platform"], report["target"]["devices"]) == ("gpu", 2)
+    assert report["train_step"]["cost_model"]["rates"]["attention_flops_per_second"] > 0
 
 
 @pytest.mark.skipif(
