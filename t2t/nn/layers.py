@@ -303,20 +303,12 @@ class RMSNorm(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: Keys):
         self.dtype = config.compute_dtype
         self.epsilon = config.layer_norm_epsilon
-        self.impl = config.norm_impl
         self.scale = param(
             rngs, jax.nn.initializers.ones, (config.d_model,), config.params_dtype, (axes.EMBED,)
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """[..., D] -> [..., D] in the compute dtype."""
-        if self.impl == "pallas" and jax.sharding.get_abstract_mesh().size <= 1:
-            from t2t.nn import attention_ops, norm_kernels
-
-            interpret = attention_ops.current_platform() not in ("gpu", "cuda")
-            return norm_kernels.rms_norm(
-                x, self.scale[...], self.epsilon, jnp.dtype(self.dtype), interpret
-            )
         x = x.astype(jnp.float32)
         mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
         y = x * jax.lax.rsqrt(mean_square + self.epsilon)
