@@ -304,9 +304,8 @@ def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype) -> jax.Arr
     return jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
 
 
-# The checkpoint name of the softmax's normalizer (each row's maximum and the log of its sum of
-# exponentials past it, [B, N, L, 2] float32): the rematerialization policies keep it
-# (`t2t.nn.stacking`), so the
+# The checkpoint name of the softmax's normalizer (the log of each row's sum of exponentials,
+# [B, N, L, 1] float32): the rematerialization policies keep it (`t2t.nn.stacking`), so the
 # backward pass rebuilds the probabilities from the recomputed logits without the reduction over
 # the keys, which reads all [B, N, L, S] logits once more per layer.
 SOFTMAX_NORMALIZER = "attention_softmax_normalizer"
@@ -329,13 +328,13 @@ def softmax(
     """
     # The normalizer carries no gradient of its own (the softmax's gradient below is complete
     # without it) and is named, so a rematerialized layer keeps it instead of recomputing it.
-    normalizer = _log_normalizer(
+    log_sum = _log_normalizer(
         jax.lax.stop_gradient(logits),
         None if bias is None else jax.lax.stop_gradient(bias),
         visibility,
     )
-    normalizer = checkpoint_name(normalizer, SOFTMAX_NORMALIZER)
-    return _normalized(logits, bias, visibility, normalizer, dtype)
+    log_sum = checkpoint_name(log_sum, SOFTMAX_NORMALIZER)
+    return _normalized(logits, bias, visibility, log_sum, dtype)
 
 
 def _masked_logits(logits, bias, visibility: masks.Visibility) -> jax.Array:
@@ -353,13 +352,7 @@ def _masked_logits(logits, bias, visibility: masks.Visibility) -> jax.Array:
 
 @jax.custom_vjp
 def _log_normalizer(logits, bias, visibility: masks.Visibility) -> jax.Array:
-    """Each row's maximum m and log(sum(exp(x - m))) over the keys of the masked, biased
-    logits x, side by side: [B, N, L, 2] float32.
-
-    The two stay apart: a query that may see no key (a padding row) has every logit near the
-    -1e10 of the mask, where float32 cannot hold m + log(S) apart from m (its spacing there is
-    1024), and exp(x - (m + log S)) would give each key weight 1 instead of 1 / S. Kept apart,
-    such a row attends evenly over all keys, as in T5X.
+    """log(sum(exp(x))) over the keys of the masked, biased logits x: [B, N, L, 1] float32.
 
     NOTE: a function with its own (zero) gradient only to keep the mask inside it, out of
     reach of the loop-invariant hoisting described at `_normalized`; it is only ever called
@@ -367,8 +360,7 @@ def _log_normalizer(logits, bias, visibility: masks.Visibility) -> jax.Array:
     """
     x = _masked_logits(logits, bias, visibility)
     peak = jnp.max(x, axis=-1, keepdims=True)
-    rest = jnp.log(jnp.sum(jnp.exp(x - peak), axis=-1, keepdims=True))
-    return jnp.concatenate([peak, rest], axis=-1)
+    return peak + jnp.log(jnp.sum(jnp.exp(x - peak), axis=-1, keepdims=True))
 
 
 _log_normalizer.defvjp(
@@ -378,9 +370,8 @@ _log_normalizer.defvjp(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _normalized(logits, bias, visibility: masks.Visibility, normalizer, dtype) -> jax.Array:
-    """exp(x - m - log_sum) of the masked, biased logits x, in `dtype` (`normalizer`: m and
-    log_sum from `_log_normalizer`).
+def _normalized(logits, bias, visibility: masks.Visibility, log_sum, dtype) -> jax.Array:
+    """exp(x - log_sum) of the masked, biased logits x, in `dtype`.
 
     NOTE: one function with its own gradient so that XLA sees the whole of it inside the
     layer: the mask is rebuilt from its [B, L]-sized parts in the kernels that use it (as a
@@ -388,16 +379,15 @@ def _normalized(logits, bias, visibility: masks.Visibility, normalizer, dtype) -
     out of a scanned stack as an array every kernel then reads: 13 GB per step for T5.1.1-base
     at batch 2048 on v5e:4x4), and the gradient is computed from the returned probabilities,
     which the second matmul reads anyway, so the backward pass keeps nothing else of size
-    [B, N, L, S]. As exp(x - m - log_sum), the kernel recomputes the exponential from the
+    [B, N, L, S]. As exp(x - log_sum), the kernel recomputes the exponential from the
     (compute-dtype) logits; `x / sum(x)` after `exp` has XLA store the float32 exponentials
     [B, N, L, S] between two kernels.
     """
-    peak, log_sum = normalizer[..., :1], normalizer[..., 1:]
-    return jnp.exp((_masked_logits(logits, bias, visibility) - peak) - log_sum).astype(dtype)
+    return jnp.exp(_masked_logits(logits, bias, visibility) - log_sum).astype(dtype)
 
 
-def _normalized_forward(logits, bias, visibility, normalizer, dtype):
-    probabilities = _normalized(logits, bias, visibility, normalizer, dtype)
+def _normalized_forward(logits, bias, visibility, log_sum, dtype):
+    probabilities = _normalized(logits, bias, visibility, log_sum, dtype)
     # Empty arrays that carry the logits' dtype and the bias's rows and dtype to the backward.
     logits_like = jnp.zeros((0,), logits.dtype)
     bias_like = None if bias is None else jnp.zeros((bias.shape[0], 0), bias.dtype)

@@ -12,7 +12,7 @@ Two configuration fields of the network choose, and neither changes what is comp
   layer's input; "dots" keeps every matmul output; "dots_with_no_batch_dims" keeps the outputs
   of the projections (matmuls without batch dimensions: q/k/v/o, MLP, logits) and recomputes
   attention scores, softmax, norms and activations. Every policy also keeps the attention
-  softmax's normalizers (`[B, N, L, 2]`), so recomputing the probabilities reads the logits
+  softmax's normalizers (`[B, N, L, 1]`), so recomputing the probabilities reads the logits
   once, not twice.
 
 Each layer draws its dropout from its own key, split from one key per stack, so the scanned and
@@ -32,7 +32,7 @@ from t2t.nn import attention_ops, axes
 from t2t.pytrees import is_variable
 
 # What every rematerialized layer keeps besides its policy's arrays: the attention softmax's
-# normalizer ([B, N, L, 2] per attention; `t2t.nn.attention_ops.SOFTMAX_NORMALIZER`), so the
+# normalizer ([B, N, L, 1] per attention; `t2t.nn.attention_ops.SOFTMAX_NORMALIZER`), so the
 # backward pass does not read the [B, N, L, S] logits once more to recompute it.
 _KEPT = jax.checkpoint_policies.save_only_these_names(attention_ops.SOFTMAX_NORMALIZER)
 
