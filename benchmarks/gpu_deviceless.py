@@ -153,6 +153,7 @@ def main(argv=None) -> int:
         "--scan_layers", choices=("no", "yes", "both"), default="no", help="layers scanned"
     )
     parser.add_argument("--attention_impl", default="auto")
+    parser.add_argument("--norm_impl", default="xla", choices=("xla", "pallas"))
     parser.add_argument(
         "--compare", help="an optimized program the GPU compiled at batch 128 (.txt[.gz])"
     )
@@ -168,7 +169,11 @@ def main(argv=None) -> int:
     results = []
     scans = {"no": [False], "yes": [True], "both": [False, True]}[args.scan_layers]
     for batch, scan in ((b, s) for s in scans for b in args.batch):
-        overrides = {"attention_impl": args.attention_impl, "scan_layers": scan}
+        overrides = {
+            "attention_impl": args.attention_impl,
+            "scan_layers": scan,
+            "norm_impl": args.norm_impl,
+        }
         compiled = compile_step(args.preset, batch, **overrides)
         result = {
             "preset": args.preset,

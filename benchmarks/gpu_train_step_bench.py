@@ -33,6 +33,8 @@ keeps what it measured:
 13. t2t base at 128 with `attention_impl="cudnn"` (the causal decoder on cuDNN too).
 14. t2t base at 128 with `JAX_THREEFRY_GPU_KERNEL_LOWERING=1` (the same random numbers from one
     CUDA kernel: does the parameter init compile faster? A job's setup took 120 s on the H100).
+15. t2t base at 128 with `norm_impl="pallas"` (the residual adds and norms as Pallas kernels,
+    `t2t.nn.norm_kernels`), with the prediction; its loss should match job 2's.
 `--jobs` runs a subset in the order given.
 
 Step time is the median over 3 windows of steps dispatched back to back with one wait at the end
@@ -103,6 +105,17 @@ JOBS = [
             "env": {"JAX_THREEFRY_GPU_KERNEL_LOWERING": "1"},
         },
         70,
+    ),
+    # The residual adds and norms as Pallas kernels: the step, and the cost model's prediction.
+    (
+        {
+            "kind": "t2t",
+            "preset": "t5_1_1_base",
+            "batch": 128,
+            "norm_impl": "pallas",
+            "predict": True,
+        },
+        80,
     ),
 ]
 SMOKE_JOBS = [
@@ -240,6 +253,8 @@ def run_t2t(
     overrides = {"attention_impl": job.get("attention_impl", "auto")}
     if job.get("scan_layers"):
         overrides["scan_layers"] = True
+    if job.get("norm_impl"):
+        overrides["norm_impl"] = job["norm_impl"]
     config = _config(nn, job["preset"], smoke, **overrides)
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
     start = time.perf_counter()

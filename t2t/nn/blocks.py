@@ -37,10 +37,10 @@ class EncoderLayer(nnx.Module):
         rngs=None,
     ) -> jax.Array:
         """[B, L, D] -> [B, L, D]; `bias` [1, N, L, L] relative positions, `visibility` the mask."""
-        y = self.pre_attention_layer_norm(x)
+        x, y = self.pre_attention_layer_norm.residual(x)
         y = self.attention(y, y, bias, visibility, rngs=rngs)
-        x = x + layers.dropout(y, self.dropout_rate, rngs)
-        y = self.mlp(self.pre_mlp_layer_norm(x), rngs=rngs)
+        x, y = self.pre_mlp_layer_norm.residual(x, layers.dropout(y, self.dropout_rate, rngs))
+        y = self.mlp(y, rngs=rngs)
         return constrain(x + layers.dropout(y, self.dropout_rate, rngs), axes.BLD)
 
 
@@ -110,20 +110,20 @@ class DecoderLayer(nnx.Module):
           (to fill a decoding cache; XLA drops them when unused).
         """
         norm, self_attention, mlp_norm, mlp = self._borrowed(shared)
-        y = norm(x)
+        x, y = norm.residual(x)
         k, v = self_attention.project_kv(y)
         y = self_attention.attend(y, k, v, self_bias, self_visibility, rngs=rngs)
-        x = x + layers.dropout(y, self.dropout_rate, rngs)
+        delta = layers.dropout(y, self.dropout_rate, rngs)
         if self.has_cross_attention:
+            x, y = self.pre_cross_attention_layer_norm.residual(x, delta)
             cross_kv = self.encoder_decoder_attention.project_kv(encoded)
-            x = self._cross_attend(x, cross_kv, cross_visibility, rngs)
-        y = mlp(mlp_norm(x), rngs=rngs)
+            y = self.encoder_decoder_attention.attend(
+                y, *cross_kv, None, cross_visibility, rngs=rngs
+            )
+            delta = layers.dropout(y, self.dropout_rate, rngs)
+        x, y = mlp_norm.residual(x, delta)
+        y = mlp(y, rngs=rngs)
         return constrain(x + layers.dropout(y, self.dropout_rate, rngs), axes.BLD), (k, v)
-
-    def _cross_attend(self, x, cross_kv: KV, cross_visibility, rngs):
-        y = self.pre_cross_attention_layer_norm(x)
-        y = self.encoder_decoder_attention.attend(y, *cross_kv, None, cross_visibility, rngs=rngs)
-        return x + layers.dropout(y, self.dropout_rate, rngs)
 
     def step(
         self,
@@ -174,6 +174,11 @@ class DecoderLayer(nnx.Module):
         if self.has_cross_attention:
             cross = self.encoder_decoder_attention
             layers.prepare_for_steps(cross.query, cross.out)
+
+    def _cross_attend(self, x, cross_kv: KV, cross_visibility, rngs):
+        y = self.pre_cross_attention_layer_norm(x)
+        y = self.encoder_decoder_attention.attend(y, *cross_kv, None, cross_visibility, rngs=rngs)
+        return x + layers.dropout(y, self.dropout_rate, rngs)
 
     def _cross_attend_beams(self, x: jax.Array, cross_kv: KV, cross_visibility) -> jax.Array:
         """Cross-attention of [B * K, 1, D] beam rows over their inputs' [B, N, L, H] keys.

@@ -25,6 +25,8 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 PARAM_DTYPES = ("float32", "bfloat16")
 # How attention is computed (`t2t.nn.attention_ops`): "auto" picks per platform and call site.
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "flash")
+# How the norms of the layers' residual branches are computed (`TransformerConfig.norm_impl`).
+NORM_IMPLS = ("xla", "pallas")
 # The dense layers LoRA may adapt (`TransformerConfig.lora_targets`), by module name: attention
 # projections (self- and cross-attention alike), MLP kernels, and the untied output projection.
 LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo", "logits_dense")
@@ -79,6 +81,10 @@ class TransformerConfig:
         "flash" (Pallas flash attention on TPUs, lengths multiples of 128) or "auto" (the
         fastest measured where it can run, XLA elsewhere). Speed only: every implementation
         computes the same function.
+      norm_impl: how a layer's norms and the residual adds before them are computed: "xla"
+        (XLA's fusions) or "pallas" (one Pallas kernel per direction for the add and the norm
+        on an NVIDIA GPU, `t2t.nn.norm_kernels`; XLA's under a mesh of several devices, and in
+        decoding steps; Pallas's interpreter on other platforms, for tests). Speed only.
       float32_attention_logits: keep the attention logits [B, N, L, S] in float32 when the
         network computes in bfloat16 (T5X's option of the same name). False (T5X's default)
         stores them in the compute dtype; the softmax computes in float32 either way. XLA
@@ -110,6 +116,7 @@ class TransformerConfig:
     prompt_length: int = 0
     attention_impl: str = "auto"
     float32_attention_logits: bool = False
+    norm_impl: str = "xla"
 
     def __post_init__(self):
         # Normalize inputs that arrive as lists (JSON, gin) or dtype objects to canonical forms,
@@ -174,6 +181,10 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.attention_impl must be one of {ATTENTION_IMPLS}, got "
                 f"{self.attention_impl!r}."
+            )
+        if self.norm_impl not in NORM_IMPLS:
+            raise ValueError(
+                f"TransformerConfig.norm_impl must be one of {NORM_IMPLS}, got {self.norm_impl!r}."
             )
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(

@@ -303,6 +303,7 @@ class RMSNorm(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: Keys):
         self.dtype = config.compute_dtype
         self.epsilon = config.layer_norm_epsilon
+        self.impl = config.norm_impl
         self.scale = param(
             rngs, jax.nn.initializers.ones, (config.d_model,), config.params_dtype, (axes.EMBED,)
         )
@@ -313,6 +314,23 @@ class RMSNorm(nnx.Module):
         mean_square = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
         y = x * jax.lax.rsqrt(mean_square + self.epsilon)
         return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+    def residual(self, x: jax.Array, delta: jax.Array | None = None):
+        """A pre-norm branch's input: `(s, norm(s))` with `s = x + delta` (or `x`), the
+        residual stream's next value and what the branch reads. With `norm_impl="pallas"`
+        (one device) the add, the norm and, backward, the residual stream's gradient are one
+        kernel each way (`t2t.nn.norm_kernels`)."""
+        if self.impl == "pallas" and jax.sharding.get_abstract_mesh().size <= 1:
+            from t2t.nn import attention_ops, norm_kernels
+
+            interpret = attention_ops.current_platform() not in ("gpu", "cuda")
+            fixed = (self.epsilon, jnp.dtype(self.dtype), interpret)
+            if delta is None:
+                return norm_kernels.rms_norm_residual(x, self.scale[...], *fixed)
+            return norm_kernels.add_rms_norm(x, delta, self.scale[...], *fixed)
+        if delta is not None:
+            x = x + delta
+        return x, self(x)
 
 
 _ACTIVATIONS = {
