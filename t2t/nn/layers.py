@@ -320,7 +320,8 @@ class RMSNorm(nnx.Module):
         residual stream's next value and what the branch reads. With `norm_impl="pallas"`
         (one device) the add, the norm and, backward, the residual stream's gradient are one
         kernel each way (`t2t.nn.norm_kernels`)."""
-        if self.impl == "pallas" and jax.sharding.get_abstract_mesh().size <= 1:
+        same_dtype = delta is None or delta.dtype == x.dtype  # else XLA's promotion
+        if self.impl == "pallas" and same_dtype and jax.sharding.get_abstract_mesh().size <= 1:
             from t2t.nn import attention_ops, norm_kernels
 
             interpret = attention_ops.current_platform() not in ("gpu", "cuda")
