@@ -111,6 +111,10 @@ def _preempted() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
+    # On GPUs, JAX's threefry random numbers as one CUDA kernel instead of unrolled XLA ops: the
+    # same numbers, and on an H100 T5.1.1-base's parameter init took 15 s instead of 106 s
+    # (benchmarks/README.md, GPU benchmark job 14). Read when JAX starts; no effect elsewhere.
+    os.environ.setdefault("JAX_THREEFRY_GPU_KERNEL_LOWERING", "1")
     argv = sys.argv[1:] if argv is None else list(argv)
     show_traceback = "--traceback" in argv or os.environ.get("T2T_TRACEBACK") == "1"
     verbose = "--verbose" in argv or os.environ.get("T2T_VERBOSE") == "1"

@@ -546,3 +546,14 @@ def test_another_input_pipeline_is_refused_without_calling_the_checkpoint_damage
     assert not (run / "damaged_checkpoints").exists()
     assert cli.main(_argv(run, 7)) == 0  # the run's own pipeline resumes from it
     assert "trained steps 6 -> 7" in capsys.readouterr().out
+
+
+def test_the_command_line_asks_jax_for_threefry_as_one_gpu_kernel(tmp_path, monkeypatch, capsys):
+    # Set before JAX starts in a t2t process (a GPU's parameter init compiles ~90 s faster);
+    # a value the user chose stays.
+    monkeypatch.delenv("JAX_THREEFRY_GPU_KERNEL_LOWERING", raising=False)
+    assert cli.main(["check", str(tmp_path / "missing")]) == 2
+    assert os.environ["JAX_THREEFRY_GPU_KERNEL_LOWERING"] == "1"
+    monkeypatch.setenv("JAX_THREEFRY_GPU_KERNEL_LOWERING", "0")
+    cli.main(["check", str(tmp_path / "missing")])
+    assert os.environ["JAX_THREEFRY_GPU_KERNEL_LOWERING"] == "0"
