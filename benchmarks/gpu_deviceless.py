@@ -150,7 +150,10 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default="t5_1_1_base")
     parser.add_argument("--batch", type=int, nargs="+", default=[128])
     parser.add_argument(
-        "--scan_layers", choices=("no", "yes", "both"), default="no", help="layers scanned"
+        "--scan_layers",
+        choices=("no", "yes", "both", "unrolled", "all"),
+        default="no",
+        help="layers scanned; unrolled: stacked parameters, unrolled loop (`unroll_layers`)",
     )
     parser.add_argument("--attention_impl", default="auto")
     parser.add_argument("--norm_impl", default="xla", choices=("xla", "pallas"))
@@ -167,11 +170,18 @@ def main(argv=None) -> int:
     profile = _load_profile()
     rates = committed_rates()
     results = []
-    scans = {"no": [False], "yes": [True], "both": [False, True]}[args.scan_layers]
+    scans = {
+        "no": [False],
+        "yes": [True],
+        "both": [False, True],
+        "unrolled": ["unrolled"],
+        "all": [False, True, "unrolled"],
+    }[args.scan_layers]
     for batch, scan in ((b, s) for s in scans for b in args.batch):
         overrides = {
             "attention_impl": args.attention_impl,
-            "scan_layers": scan,
+            "scan_layers": bool(scan),
+            "unroll_layers": scan == "unrolled",
             "norm_impl": args.norm_impl,
         }
         compiled = compile_step(args.preset, batch, **overrides)
@@ -196,7 +206,8 @@ def main(argv=None) -> int:
                 f.write(compiled["hlo"])
         results.append(result)
         inventory = result["inventory"]
-        line = f"{args.preset} batch {batch}{' scanned' if scan else ''}: "
+        layout = {True: " scanned", "unrolled": " stacked, unrolled"}.get(scan, "")
+        line = f"{args.preset} batch {batch}{layout}: "
         line += f"{inventory['kernels']} kernels"
         if result.get("estimate"):
             e = result["estimate"]

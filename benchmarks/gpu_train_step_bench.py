@@ -36,6 +36,12 @@ keeps what it measured:
     CUDA kernel: does the parameter init compile faster? A job's setup took 120 s on the H100).
 15. t2t base at 128 with `norm_impl="pallas"` (the residual adds and norms as Pallas kernels,
     `t2t.nn.norm_kernels`), with the prediction; its loss should match job 2's.
+16. t2t base at 128 with the t2t package found under `$BASELINE_CODE` (an earlier commit's,
+    e.g. `git archive <commit> t2t | tar -x -C .baseline`): the same-call baseline of a change.
+17. t2t base at 128 with stacked parameters and unrolled layers (`unroll_layers`), profiled.
+18. t2t base at 128, `unroll_layers` and `norm_impl="pallas"` with the rows per program and
+    warps in `$NORM_BLOCKS` (JSON, the last line of `gpu_norm_check.py --sweep`), profiled.
+19. t2t base at 128, nothing else (job 2 without its profile and prediction).
 `--jobs` runs a subset in the order given.
 
 Step time is the median over 3 windows of steps dispatched back to back with one wait at the end
@@ -138,12 +144,49 @@ JOBS = [
         },
         80,
     ),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "code": "$BASELINE_CODE"}, 80),
+    (
+        {
+            "kind": "t2t",
+            "preset": "t5_1_1_base",
+            "batch": 128,
+            "scan_layers": True,
+            "unroll_layers": True,
+            "profile": True,
+        },
+        90,
+    ),
+    (
+        {
+            "kind": "t2t",
+            "preset": "t5_1_1_base",
+            "batch": 128,
+            "scan_layers": True,
+            "unroll_layers": True,
+            "norm_impl": "pallas",
+            "profile": True,
+        },
+        90,
+    ),
+    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128}, 70),
 ]
 SMOKE_JOBS = [
     ({"kind": "check", "preset": "tiny"}, 60),
     ({"kind": "t2t", "preset": "tiny", "batch": 2, "profile": True, "predict": True}, 60),
     ({"kind": "hf", "preset": "tiny", "batch": 2, "compile": False}, 60),
     ({"kind": "sites", "preset": "tiny", "batch": 2}, 60),
+    (
+        {
+            "kind": "t2t",
+            "preset": "tiny",
+            "batch": 2,
+            "scan_layers": True,
+            "unroll_layers": True,
+            "norm_impl": "pallas",
+        },
+        60,
+    ),
+    ({"kind": "t2t", "preset": "tiny", "batch": 2, "code": "$BASELINE_CODE"}, 60),
 ]
 
 
@@ -166,17 +209,25 @@ def _batch(batch_size: int, smoke: bool, seed: int = 0):
     return inputs, targets
 
 
+def _code_root() -> str:
+    """Where this process imports t2t from: the repository, or a job's `code` (a directory
+    holding another version's `t2t` package; `$NAME` reads the environment)."""
+    code = os.environ.get("T2T_BENCH_CODE")
+    return os.path.abspath(os.path.join(REPO, code)) if code else REPO
+
+
 def _import_t2t():
     """t2t's network, model wrappers, optimizer and cost model, and the train-step module alone
     (the `t2t.trainer` package would also import the data pipeline and checkpoints)."""
-    sys.path.insert(0, REPO)
+    root = _code_root()
+    sys.path.insert(0, root)
     import t2t.aot.cost_model  # noqa: F401
     import t2t.aot.flops  # noqa: F401
     import t2t.nn.flops  # noqa: F401
     from t2t import models, nn, optim
 
     spec = importlib.util.spec_from_file_location(
-        "t2t_train_steps", os.path.join(REPO, "t2t", "trainer", "steps.py")
+        "t2t_train_steps", os.path.join(root, "t2t", "trainer", "steps.py")
     )
     steps = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(steps)
@@ -272,10 +323,17 @@ def run_t2t(
     from t2t.nn import attention_ops
 
     overrides = {"attention_impl": job.get("attention_impl", "auto")}
-    if job.get("scan_layers"):
-        overrides["scan_layers"] = True
+    for name in ("scan_layers", "unroll_layers"):
+        if job.get(name):
+            overrides[name] = True
     if job.get("norm_impl"):
         overrides["norm_impl"] = job["norm_impl"]
+    if job.get("norm_impl") == "pallas" and os.environ.get("NORM_BLOCKS"):
+        from t2t.nn import norm_kernels
+
+        blocks = json.loads(os.environ["NORM_BLOCKS"])
+        norm_kernels.BLOCKS.update({k: tuple(v) for k, v in blocks.items()})
+        job = {**job, "norm_blocks": blocks}
     config = _config(nn, job["preset"], smoke, **overrides)
     model = models.model_for(config, loss_normalizing_factor="num_real_target_tokens")
     start = time.perf_counter()
@@ -343,14 +401,14 @@ def run_t2t(
         if out_dir:  # the trace beside the results, for reading offline (if not too large)
             trace = result["kernels"]["trace"]
             if os.path.getsize(trace) < 15 * 2**20:
-                name = f"trace_{job['preset']}_{job['batch']}.trace.json.gz"
+                name = f"trace_{job['preset']}_{job['batch']}{_suffix(job)}.trace.json.gz"
                 shutil.copy(trace, os.path.join(out_dir, name))
                 result["kernels"]["trace_copy"] = name
     if job.get("predict"):
         start = time.perf_counter()
         median = statistics.median(times)
         if out_dir and job.get("profile"):  # the optimized program, to name the trace's kernels
-            name = f"hlo_{job['preset']}_{job['batch']}.txt.gz"
+            name = f"hlo_{job['preset']}_{job['batch']}{_suffix(job)}.txt.gz"
             with gzip.open(os.path.join(out_dir, name), "wt") as f:
                 f.write(text)
             result["hlo_copy"] = name
@@ -379,6 +437,15 @@ def run_t2t(
         result.update(measured_rates=measured, prediction=predictions)
         phases["predict"] = time.perf_counter() - start
     return result
+
+
+def _suffix(job: dict) -> str:
+    """What sets a job's files apart from job 2's: "", "_unrolled", "_unrolled_pallas", ..."""
+    parts = [name for name in ("scan_layers", "unroll_layers") if job.get(name)]
+    parts = ["unrolled"] if "unroll_layers" in parts else ["scanned"] if parts else []
+    if job.get("norm_impl", "xla") != "xla":
+        parts.append(job["norm_impl"])
+    return "".join(f"_{part}" for part in parts)
 
 
 def _profile(compiled, params, opt_state, batch, rng, steps: int, text: str) -> dict:
@@ -677,9 +744,17 @@ def _line(result: dict) -> str:
             f"{site} " + " ".join(f"{impl} {e['ms']:.2f} ms" for impl, e in v.items() if "ms" in e)
             for site, v in result["sites"].items()
         )
+    tags = [result.get("attention_impl", "")]
+    tags += [
+        name
+        for name in ("scan_layers", "unroll_layers", "code")
+        if result.get(name) and not (name == "scan_layers" and result.get("unroll_layers"))
+    ]
+    if result.get("norm_impl"):
+        tags.append(f"norms {result['norm_impl']} {result.get('norm_blocks', '')}".strip())
     line = (
         f"{result['side']:10s} {result['preset']} batch {result['batch']:4d} "
-        f"{result.get('attention_impl', '')}: {result['median_seconds'] * 1e3:8.1f} ms, "
+        f"{' '.join(t for t in tags if t)}: {result['median_seconds'] * 1e3:8.1f} ms, "
         f"{result['tokens_per_second']:9.0f} tokens/s, MFU "
         + (f"{result['mfu']:.1%}" if result.get("mfu") else "?")
     )
@@ -732,12 +807,18 @@ def main(argv=None) -> int:
         ]
         job_start = time.perf_counter()
         try:
+            env = _environment(job)
+        except ValueError as error:
+            results.append({**job, "error": str(error)})
+            print(_line(results[-1]), flush=True)
+            continue
+        try:
             done = subprocess.run(
                 command,
                 capture_output=True,
                 text=True,
                 timeout=max(left, 1),
-                env={**os.environ, **job.get("env", {})},
+                env=env,
             )
             lines = [x for x in done.stdout.splitlines() if x.startswith(RESULT)]
             if done.returncode or not lines:
@@ -753,6 +834,19 @@ def main(argv=None) -> int:
     _write(args.out, results, skipped, time.perf_counter() - start)
     _print_ratios(results)
     return 0
+
+
+def _environment(job: dict) -> dict:
+    """A job's child process environment: this one's, threefry as one CUDA kernel (what the
+    `t2t` command line sets: the parameter init compiles in 15 s instead of 106 s on the
+    H100, the same numbers), the job's own variables, and its `code` directory."""
+    env = {"JAX_THREEFRY_GPU_KERNEL_LOWERING": "1", **os.environ, **job.get("env", {})}
+    if job.get("code"):
+        code = os.path.expandvars(job["code"])
+        if "$" in code:
+            raise ValueError(f"Job {job} needs {job['code']} set in the environment.")
+        env["T2T_BENCH_CODE"] = code
+    return env
 
 
 def _write(path: str, results: list, skipped: list, seconds: float) -> None:

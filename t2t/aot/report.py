@@ -302,6 +302,7 @@ def _run_entry(shape: RunShape, partitioner: Partitioner) -> dict[str, Any]:
         "num_microbatches": shape.num_microbatches,
         "remat_policy": shape.config.remat_policy,
         "scan_layers": shape.config.scan_layers,
+        "unroll_layers": shape.config.unroll_layers,
         "pack": shape.pack,
         "attention": attention_ops.describe(
             shape.config, partitioner.mesh.devices.flat[0].platform, lengths=_site_lengths(shape)
@@ -390,7 +391,8 @@ def format_report(report: Report) -> str:
         f"{run['task_feature_lengths']}, mesh "
         f"data={run['mesh']['data']} model={run['mesh']['model']} {run['sharding_mode']}, "
         f"microbatches {run['num_microbatches']}, remat {run['remat_policy']}, "
-        f"scan {run['scan_layers']}",
+        f"scan {run['scan_layers']}"
+        + (" (unrolled)" if run.get("unroll_layers") and run["scan_layers"] else ""),
         f"attention ({model['attention_impl']} on {t['platform']}): "
         + ", ".join(f"{site} {impl}" for site, impl in run["attention"].items()),
     ]

@@ -266,6 +266,13 @@ def add_compile(subparsers) -> None:
         help="scan the layers (default: the model config's)",
     )
     parser.add_argument(
+        "--unroll_layers",
+        action="store_true",
+        default=None,
+        help="with --scan_layers: keep the stacked parameters, unroll the loop (default: the "
+        "model config's)",
+    )
+    parser.add_argument(
         "--attention_impl",
         choices=("auto", "xla", "cudnn", "flash"),
         help="how attention is computed (default: the model config's, normally auto)",
@@ -305,6 +312,7 @@ def add_compile(subparsers) -> None:
             "num_microbatches",
             "remat_policy",
             "scan_layers",
+            "unroll_layers",
             "attention_impl",
             "decode",
             "output_json",

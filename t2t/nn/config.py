@@ -62,6 +62,11 @@ class TransformerConfig:
         them with `jax.lax.scan` (compile time independent of depth). Changes the parameter
         layout (`encoder/layers/...` instead of `encoder/layers_{i}/...`), not the function;
         `t2t.nn.stacking` converts checkpoints between the layouts.
+      unroll_layers: with `scan_layers`, keep the stacked parameters but run the layers as
+        an unrolled loop, layer i on slice i (`t2t.nn.stacking`): the unscanned program's
+        speed with the scanned layout's optimizer update (one per stacked parameter, not one
+        per layer's). Compile time grows with depth again. Same function, same layout.
+        Without `scan_layers` the layers run unrolled anyway.
       remat_policy: what the backward pass keeps of each layer's forward pass: "none",
         "full" (only the layer's input; recompute the rest), "dots" (every matmul output) or
         "dots_with_no_batch_dims" (projection outputs; recompute attention). Changes memory and
@@ -108,6 +113,7 @@ class TransformerConfig:
     param_dtype: str = "float32"
     architecture: str = "encoder_decoder"
     scan_layers: bool = False
+    unroll_layers: bool = False
     remat_policy: str = "none"
     adapter_size: int = 0
     lora_rank: int = 0
@@ -176,6 +182,10 @@ class TransformerConfig:
         if not isinstance(self.scan_layers, bool):
             raise TypeError(
                 f"TransformerConfig.scan_layers must be a bool, got {self.scan_layers!r}."
+            )
+        if not isinstance(self.unroll_layers, bool):
+            raise TypeError(
+                f"TransformerConfig.unroll_layers must be a bool, got {self.unroll_layers!r}."
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(

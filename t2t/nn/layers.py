@@ -7,6 +7,7 @@ Parameters are stored in `config.param_dtype`; matmuls run in `config.dtype`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -342,6 +343,33 @@ _ACTIVATIONS = {
 }
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def gated(a: jax.Array, b: jax.Array, first: str, second: str) -> jax.Array:
+    """`act_first(a) * act_second(b)`, the gated MLP's hidden activations, whose backward pass
+    keeps only `a` and `b` and recomputes the activations from them.
+
+    Autodiff keeps `act_first(a)` as well, an array the size of the hidden activations written
+    in the forward pass and read again in the backward one (T5.1.1-base at batch 128 on an H100:
+    one more [B, L, F] bfloat16 array each way per layer). Same values, same gradients.
+    """
+    return _ACTIVATIONS[first](a) * _ACTIVATIONS[second](b)
+
+
+def _gated_forward(a, b, first, second):
+    return gated(a, b, first, second), (a, b)
+
+
+def _gated_backward(first, second, residuals, g):
+    # The barrier keeps XLA from merging this recomputation with the forward pass's (CSE), which
+    # would store the activation again.
+    a, b = jax.lax.optimization_barrier(residuals)
+    _, vjp = jax.vjp(lambda a, b: _ACTIVATIONS[first](a) * _ACTIVATIONS[second](b), a, b)
+    return vjp(g)
+
+
+gated.defvjp(_gated_forward, _gated_backward)
+
+
 class Mlp(nnx.Module):
     """The feed-forward block: `wo(relu(wi(x)))` or gated `wo(act(wi_0(x)) * wi_1(x))`, then
     the adapter layer when `config.adapter_size` > 0."""
@@ -377,8 +405,7 @@ class Mlp(nnx.Module):
         if len(self.activations) == 1:
             h = _ACTIVATIONS[self.activations[0]](self.wi(x))  # [B, L, F]
         else:
-            h = _ACTIVATIONS[self.activations[0]](self.wi_0(x))
-            h = h * _ACTIVATIONS[self.activations[1]](self.wi_1(x))  # [B, L, F]
+            h = gated(self.wi_0(x), self.wi_1(x), *self.activations)  # [B, L, F]
         h = dropout(constrain(h, axes.BLF), self.dropout_rate, rngs)
         y = self.wo(h)
         return self.adapter(y) if self.has_adapter else y

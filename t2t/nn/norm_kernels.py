@@ -15,8 +15,9 @@ one kernel that reads a block of rows once:
   and per block of rows a partial sum of `dy * s * r`, the scale's gradient, summed over the
   blocks by XLA.
 
-Rows go `block_rows` to a program (a block of about 8K elements: 8 rows of 768), columns padded
-to a power of two and masked. Off a GPU the kernels run in Pallas's interpreter (tests).
+Rows go `block_rows` to a program, columns padded to a power of two and masked; `BLOCKS` holds
+each direction's rows per program and warps. Off a GPU the kernels run in Pallas's interpreter
+(tests).
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# Elements one program holds per array: rows x padded columns.
-_BLOCK_ELEMENTS = 8192
+# Per direction: (elements one program holds per array, rows x padded columns; Triton warps per
+# program). `benchmarks/gpu_norm_check.py --sweep` times the choices on a GPU.
+BLOCKS = {"forward": (8192, 4), "backward": (8192, 4)}
 
 
-def _geometry(width: int) -> tuple[int, int]:
-    """(padded width, rows per program) for rows of `width` elements."""
+def _geometry(width: int, direction: str) -> tuple[int, int, int]:
+    """(padded width, rows per program, warps) for rows of `width` elements."""
     padded = pl.next_power_of_2(width)
-    return padded, max(1, min(16, _BLOCK_ELEMENTS // padded))
+    elements, warps = BLOCKS[direction]
+    return padded, max(1, min(64, elements // padded)), warps
 
 
 def _index(rows: int, width: int, padded: int, block_rows: int):
@@ -82,15 +85,15 @@ def _backward_kernel(
     plgpu.store(dscale_ref.at[pl.program_id(0), col], jnp.sum(dy * s * r, axis=0), mask=col < width)
 
 
-def _call(kernel, out_shape, rows: int, interpret: bool, width: int, **params):
-    padded, block_rows = _geometry(width)
+def _call(kernel, direction, out_shape, rows: int, interpret: bool, width: int, **params):
+    padded, block_rows, warps = _geometry(width, direction)
     return pl.pallas_call(
         functools.partial(
             kernel, rows=rows, width=width, padded=padded, block_rows=block_rows, **params
         ),
         grid=(pl.cdiv(rows, block_rows),),
         out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=4),
+        compiler_params=plgpu.CompilerParams(num_warps=warps),
         interpret=interpret,
     )
 
@@ -109,9 +112,9 @@ def _forward(x, delta, scale, epsilon, dtype, interpret):
         inputs = (flat, delta.reshape(flat.shape).astype(x.dtype), scale)
     else:
         inputs = (flat, scale)
-    found = _call(_forward_kernel, outputs, rows, interpret, width, epsilon=epsilon, add=add)(
-        *inputs
-    )
+    found = _call(
+        _forward_kernel, "forward", outputs, rows, interpret, width, epsilon=epsilon, add=add
+    )(*inputs)
     s, (y, r) = (found[0].reshape(x.shape), found[1:]) if add else (x, found)
     return (s, y.reshape(x.shape)), (s, r, scale)
 
@@ -121,9 +124,10 @@ def _backward(residuals, cotangents, interpret):
     ds, dy = cotangents
     width = s.shape[-1]
     rows = s.size // width
-    padded, block_rows = _geometry(width)
+    _, block_rows, _ = _geometry(width, "backward")
     dx, partial = _call(
         _backward_kernel,
+        "backward",
         [
             jax.ShapeDtypeStruct((rows, width), s.dtype),
             jax.ShapeDtypeStruct((pl.cdiv(rows, block_rows), width), jnp.float32),

@@ -65,6 +65,47 @@ def relative_position_bucket(
     return offset + jnp.where(n < exact, n, large)
 
 
+# Largest one-hot matrix (positions x buckets elements) the table's gradient is summed with as a
+# matmul; above it (per-example positions of a large packed batch) a scatter-add.
+_ONE_HOT_ELEMENTS = 1 << 24
+
+
+@jax.custom_vjp
+def take_buckets(table: jax.Array, buckets: jax.Array) -> jax.Array:
+    """`table[:, buckets]`: [N, U] and int [...] -> [N, ...], whose table gradient is a matmul.
+
+    Autodiff's gradient of the gather is a scatter-add of every (query, key) pair's gradient
+    into the U buckets: all pairs of a head land on 32 addresses, and on an H100 the two
+    scatters of T5.1.1-base's step at batch 128 took 1.0 ms. The same sum as a product with the
+    pairs' one-hot buckets (`[N, pairs] @ [pairs, U]`, float32 at full precision) is a small
+    matmul.
+    """
+    return jnp.take(table, buckets, axis=1)
+
+
+def _take_buckets_forward(table, buckets):
+    return take_buckets(table, buckets), (table, buckets)
+
+
+def _take_buckets_backward(residuals, g):
+    table, buckets = residuals
+    heads, num_buckets = table.shape
+    if buckets.size * num_buckets > _ONE_HOT_ELEMENTS:
+        _, vjp = jax.vjp(lambda t: jnp.take(t, buckets, axis=1), table)
+        return vjp(g)[0], None
+    one_hot = jax.nn.one_hot(buckets.reshape(-1), num_buckets, dtype=jnp.float32)  # [P, U]
+    d_table = jnp.matmul(
+        g.reshape(heads, -1).astype(jnp.float32),
+        one_hot,
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+    return d_table.astype(table.dtype), None
+
+
+take_buckets.defvjp(_take_buckets_forward, _take_buckets_backward)
+
+
 class RelativePositionBias(nnx.Module):
     """The bias table `rel_embedding` [N, U] of one stack."""
 
@@ -100,5 +141,5 @@ class RelativePositionBias(nnx.Module):
             max_distance=self.max_distance,
         )
         table = self.rel_embedding[...].astype(jnp.float32)  # [N, U]
-        bias = jnp.take(table, buckets, axis=1)  # [N, B, L, S]
+        bias = take_buckets(table, buckets)  # [N, B, L, S]
         return jnp.transpose(bias, (1, 0, 2, 3))  # [B, N, L, S]

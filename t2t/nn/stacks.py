@@ -50,6 +50,7 @@ class Encoder(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: layers.Keys):
         self.num_layers = config.num_encoder_layers
         self.scanned = config.scan_layers
+        self.unroll = config.unroll_layers
         self.remat_policy = config.remat_policy
         self.dropout_rate = config.dropout_rate
         self.relpos_bias = RelativePositionBias(config, bidirectional=True, rngs=rngs)
@@ -77,6 +78,7 @@ class Encoder(nnx.Module):
             rngs=rngs,
             remat_policy=self.remat_policy,
             num_layers=self.num_layers,
+            unroll=self.unroll,
         )
         x = self.encoder_norm(x)
         return layers.dropout(x, self.dropout_rate, rngs)
@@ -97,6 +99,7 @@ class Decoder(nnx.Module):
     def __init__(self, config: TransformerConfig, *, cross_attention: bool, rngs: layers.Keys):
         self.num_layers = config.num_decoder_layers
         self.scanned = config.scan_layers
+        self.unroll = config.unroll_layers
         self.remat_policy = config.remat_policy
         self.dropout_rate = config.dropout_rate
         self.logits_via_embedding = config.logits_via_embedding
@@ -194,6 +197,7 @@ class Decoder(nnx.Module):
             remat_policy=self.remat_policy,
             shared=shared_layers,
             num_layers=self.num_layers,
+            unroll=self.unroll,
         )
         return x, kvs if return_kv else []
 

@@ -57,6 +57,7 @@ def compile_train(
     num_microbatches: int | None = None,
     remat_policy: str | None = None,
     scan_layers: bool | None = None,
+    unroll_layers: bool | None = None,
     attention_impl: str | None = None,
     decode: bool = True,
     output_json: str | None = None,
@@ -75,7 +76,7 @@ def compile_train(
       cpu_devices: compile for this many CPU devices of this process instead.
       device_memory_gib: the memory per CPU device to check against (TPU: the chip's own).
       batch_size, mesh_shape, sharding_mode, num_microbatches: override the run's.
-      remat_policy, scan_layers, attention_impl: override the network's
+      remat_policy, scan_layers, unroll_layers, attention_impl: override the network's
         (`TransformerConfig`).
       decode: also compile greedy decoding of one batch.
       output_json: write the report there as JSON.
@@ -111,6 +112,7 @@ def compile_train(
         for k, v in (
             ("remat_policy", remat_policy),
             ("scan_layers", scan_layers),
+            ("unroll_layers", unroll_layers),
             ("attention_impl", attention_impl),
         )
         if v is not None

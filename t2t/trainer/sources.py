@@ -29,7 +29,14 @@ HF = "hf"
 T2T = "t2t"
 # Fields a fine-tuning run may change without changing the parameters' meaning (the layer
 # layout is converted, `t2t.nn.to_layout`).
-_FREE_FIELDS = ("dropout_rate", "dtype", "param_dtype", "scan_layers", "remat_policy")
+_FREE_FIELDS = (
+    "dropout_rate",
+    "dtype",
+    "param_dtype",
+    "scan_layers",
+    "unroll_layers",
+    "remat_policy",
+)
 
 
 def checkpoint_kind(path: str) -> str:

@@ -36,6 +36,27 @@ def test_gated_gelu_is_the_tanh_approximation():
     np.testing.assert_allclose(mlp(jnp.asarray(x)), (gelu * (x @ wi_1)) @ wo, atol=1e-5)
 
 
+@pytest.mark.parametrize("activations", [("gelu", "linear"), ("relu", "linear")])
+def test_gated_activations_backward_equals_autodiff(activations):
+    """`layers.gated` keeps only its inputs for the backward pass; its gradients are autodiff's
+    of the same formula, and it keeps fewer arrays (the activation is recomputed)."""
+    rng = np.random.RandomState(3)
+    a, b, g = (jnp.asarray(rng.randn(2, 5, 16).astype(np.float32)) for _ in range(3))
+    first, second = (layers._ACTIVATIONS[name] for name in activations)
+
+    def plain(a, b):
+        return first(a) * second(b)
+
+    got_value, got_vjp = jax.vjp(lambda a, b: layers.gated(a, b, *activations), a, b)
+    want_value, want_vjp = jax.vjp(plain, a, b)
+    np.testing.assert_array_equal(got_value, want_value)
+    for got, want in zip(got_vjp(g), want_vjp(g), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    kept = [x for x in jax.tree.leaves(got_vjp) if getattr(x, "shape", ()) == a.shape]
+    assert len(kept) == 2  # a and b
+    assert len([x for x in jax.tree.leaves(want_vjp) if getattr(x, "shape", ()) == a.shape]) > 2
+
+
 def test_relu_mlp():
     mlp = layers.Mlp(CONFIG.replace(mlp_activations=("relu",)), rngs=nnx.Rngs(0))
     x = np.random.RandomState(2).randn(2, 3, 8).astype(np.float32)
