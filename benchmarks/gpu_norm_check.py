@@ -130,9 +130,7 @@ def main(argv=None) -> int:
     cases = directions(shape, interpret)
     default = dict(norm_kernels.BLOCKS)
     geometries = (
-        list(itertools.product((1024, 2048, 4096, 8192), (2, 4, 8)))
-        if args.sweep
-        else [None]
+        list(itertools.product((1024, 2048, 4096, 8192), (2, 4, 8))) if args.sweep else [None]
     )
     best = {}
     for direction, (pallas, xla, pallas_args, xla_args, size) in cases.items():

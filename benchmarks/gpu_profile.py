@@ -196,6 +196,48 @@ def by_source(trace_dir_or_file: str, hlo_text: str, steps: int, top: int = 25) 
     return [[round(ms, 3), round(n / steps, 1), where, op] for (where, op), (ms, n) in rows]
 
 
+def least_kernel_seconds(trace_dir_or_file: str, hlo_text: str, small_bytes: float = 1e6) -> dict:
+    """How long a kernel takes however little it moves: the median duration of the non-matmul
+    kernels whose traffic (by the cost model, `t2t.aot.cost_model.traffic`) is under
+    `small_bytes`, for `cost_model.Rates.kernel_seconds`. Kernels are matched to the program's
+    instructions by name. Returns {"seconds", "kernels" (small kernels per trace), "matched",
+    "unmatched"}."""
+    import statistics
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from t2t.aot import cost_model
+
+    path = trace_dir_or_file
+    if os.path.isdir(path):
+        path = find_trace(path)
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    pids = _device_pids(events)
+    size = {k.name: k.bytes / k.runs for k in cost_model.traffic(hlo_text).kernels if k.runs}
+    small, matched, unmatched = [], 0, 0
+    for event in events:
+        if event.get("ph") != "X" or (pids and event.get("pid") not in pids):
+            continue
+        name = str(event.get("name", ""))
+        if classify(name, event.get("args")) != "other":
+            continue
+        hlo_name = re.sub(r"_(\d+)$", r".\1", name)
+        found = size.get(hlo_name, size.get(name))
+        if found is None:
+            unmatched += 1
+            continue
+        matched += 1
+        if found < small_bytes:
+            small.append(float(event.get("dur", 0.0)) / 1e6)
+    return {
+        "seconds": statistics.median(small) if small else None,
+        "kernels": len(small),
+        "matched": matched,
+        "unmatched": unmatched,
+    }
+
+
 _NO_KERNEL = frozenset(
     {
         "parameter",
@@ -304,6 +346,12 @@ def main(argv=None) -> int:
     for kind, name, ms, launches, _ in found["largest"]:
         if kind == "attention":
             print(f"| `{name[:60]}` | {ms:.2f} | {launches:g} |")
+    least = least_kernel_seconds(trace, text)
+    if least["seconds"]:
+        print(
+            f"least kernel time: {least['seconds'] * 1e6:.2f} us, the median of "
+            f"{least['kernels'] / args.steps:.0f} kernels per step under 1 MB"
+        )
     print("| ms per step | kernels per step | where | op |\n|---|---|---|---|")
     for ms, count, where, op in by_source(trace, text, args.steps, top=args.top):
         print(f"| {ms:.2f} | {count:g} | `{where}` | {op} |")

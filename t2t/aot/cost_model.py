@@ -17,7 +17,9 @@ program instead (`t2t.aot.hlo`) and counts, for each kernel the device will run:
   library call) runs at the chip's matmul rate; every other kernel at its memory bandwidth.
 
 The estimate: `step = max(matmul FLOPs / matmul rate, matmul kernels' bytes / bandwidth) +
-fused attention FLOPs / attention rate + other kernels' bytes / bandwidth`. Matmuls overlap
+fused attention FLOPs / attention rate + the other kernels' time`, each other kernel taking its
+bytes / bandwidth, or the least time a kernel takes when that is known (`Rates.kernel_seconds`)
+and larger. Matmuls overlap
 their own traffic; the other kernels (norms, softmax, dropout masks, the optimizer's update,
 layout copies) run one after another, each at the speed of its memory traffic. The FLOPs come
 from the traced program (`t2t.aot.flops`: exact, loops counted), not from the HLO. cuDNN's
@@ -29,7 +31,8 @@ batch); without one its FLOPs count at the matmul rate.
 What it does not model, and says so in its report: collectives (their bytes are listed; the
 estimate assumes the interconnect overlaps them), compute inside non-matmul kernels
 (transcendentals, reductions), cache reuse between kernels, tiling padding, kernel launch
-overhead, and FLOPs of custom calls it cannot read (they count bytes only and are named).
+overhead (beyond a least time per kernel when one was measured), and FLOPs of custom calls it
+cannot read (they count bytes only and are named).
 """
 
 from __future__ import annotations
@@ -117,6 +120,11 @@ class Rates:
     # gradient when there is one), measured at the network's attention shape; None: such
     # kernels count at the matmul rate.
     attention_flops_per_second: float | None = None
+    # The least time one non-matmul kernel takes, however few bytes it moves (its launch and
+    # ramp: on the H100 the 2,289 kernels per step under 1 MB took a median 1.66 us each);
+    # 0: not modeled. A step of many small kernels (an optimizer updating each parameter
+    # alone) is bound by their number, not their bytes.
+    kernel_seconds: float = 0.0
 
 
 @dataclasses.dataclass
@@ -433,16 +441,24 @@ def estimate(
         attention, gemm_flops = 0.0, matmul_flops
     compute = gemm_flops / rates.matmul_flops_per_second
     matmul_memory = found.matmul_bytes / rates.bytes_per_second
-    other = found.other_bytes / rates.bytes_per_second
+    other = sum(
+        max(k.bytes / k.runs / rates.bytes_per_second, rates.kernel_seconds) * k.runs
+        for k in found.kernels
+        if not k.matmul
+    )
+    other_kernels = sum(k.runs for k in found.kernels if not k.matmul)
     matmul_part = max(compute, matmul_memory)
     step = matmul_part + attention + other
-    by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0.0])
     for kernel in found.kernels:
         if kernel.matmul:
             continue
         entry = by_source[_source(kernel.op_name)]
         entry[0] += kernel.bytes
         entry[1] += kernel.runs
+        entry[2] += kernel.runs * max(
+            kernel.bytes / kernel.runs / rates.bytes_per_second, rates.kernel_seconds
+        )
     largest = sorted(by_source.items(), key=lambda item: -item[1][0])[:top]
     if other > max(matmul_part, attention):
         bound = "other kernels' memory traffic"
@@ -458,6 +474,7 @@ def estimate(
         "matmul_memory_seconds": matmul_memory,
         "attention_seconds": attention,
         "other_seconds": other,
+        "other_kernels": other_kernels,
         "bound": bound,
         "matmul_flops": matmul_flops,
         "attention_flops": attention_flops,
@@ -470,16 +487,20 @@ def estimate(
             {
                 "source": source,
                 "bytes": size,
-                "seconds": size / rates.bytes_per_second,
+                "seconds": seconds,
                 "kernels": int(count),
             }
-            for source, (size, count) in largest
+            for source, (size, count, seconds) in largest
         ],
         "rates": dataclasses.asdict(rates),
         "not_modeled": [
             "collectives (bytes listed; assumed overlapped by the interconnect)",
             "compute inside non-matmul kernels, cache reuse between kernels, tiling padding, "
-            "launch overhead",
+            + (
+                f"launch overhead beyond {rates.kernel_seconds * 1e6:.2f} us per kernel"
+                if rates.kernel_seconds
+                else "launch overhead"
+            ),
             *found.not_modeled,
         ],
     }

@@ -109,14 +109,17 @@ _GPUS = {
 }
 # Rates measured on one H100 80GB by `benchmarks/gpu_train_step_bench.py`
 # (`benchmarks/results/gpu_train_step.json`: an 8192^3 bf16 matmul, a 1 GiB copy; cuDNN
-# attention from its `sites` job, T5.1.1-base's encoder and cross-attention at batch 128). With
-# them the cost model put T5.1.1-base's step at batch 128 at 176.6 ms against 168.8 measured.
+# attention from its `sites` job, T5.1.1-base's encoder and cross-attention at batch 128; the
+# least kernel time from its trace, `benchmarks/gpu_profile.py`: the median of the 2,289
+# kernels per step under 1 MB). With them the cost model puts the H100's own program for
+# T5.1.1-base's step at batch 128 at 180.6 ms against 167.5-168.8 measured.
 _MEASURED = {
     "h100": cost_model.Rates(
         matmul_flops_per_second=647.0e12,
         bytes_per_second=2.226e12,
         source="measured (one H100: benchmarks/results/gpu_train_step.json)",
         attention_flops_per_second=117.9e12,
+        kernel_seconds=1.44e-6,
     )
 }
 # "h100", "h100:8" (8 GPUs on one host), "h100:4x8" (4 hosts of 8).

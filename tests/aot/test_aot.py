@@ -182,7 +182,10 @@ def test_compile_reports_a_run_that_fits(run_gin, tmp_path, capsys):
     assert report["run"]["batch_size"] == 16 and report["run"]["model"]["vocab_size"] == 512
     train = report["train_step"]
     # No recomputation: the program's matmuls are exactly the model's FLOPs.
-    assert train["flops_ratio"] == pytest.approx(1.0, abs=1e-6)
+    # The program's matmuls are the model's, plus the relative-bias table's gradient as a
+    # one-hot matmul ([N, L*S] @ [L*S, 32], about 1e-4 of the step here).
+    assert train["flops_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert train["flops_ratio"] >= 1.0
     assert train["memory"]["total"] <= 4 * 2**30 and train["collectives"]["all-gather"]["count"]
     assert report["decode"]["fits"] is True
 
@@ -274,7 +277,7 @@ def test_tiny_model_compiles_for_a_tpu_topology():
     report = aot.compile_run(shape, aot.tpu_target("v5e:2x2"), progress=False)
     assert report.fits is True
     assert report.target["devices"] == 4 and report.target["device_memory_bytes"] > 15 * 2**30
-    assert report.train_step["flops_ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert report.train_step["flops_ratio"] == pytest.approx(1.0, abs=1e-3)  # + the one-hot
     estimate = report.train_step["cost_model"]
     assert estimate["step_seconds"] >= estimate["matmul_seconds"] > 0
     assert estimate["hbm_bytes"] > 0 and 0 < estimate["mfu"] < 1

@@ -2,6 +2,8 @@
 counts: a hand-written program whose bytes are worked out below, and real programs compiled on
 the CPU whose traffic must scale as their shapes and loops do."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -155,6 +157,26 @@ def test_fused_attention_flops_can_run_at_a_rate_of_their_own():
     assert split["attention_seconds"] == pytest.approx(0.04)
     assert split["step_seconds"] == pytest.approx(6e-3 + 0.04 + other_bytes / 1e9)
     assert split["bound"] == "fused attention"
+
+
+def test_each_other_kernel_takes_at_least_the_least_kernel_time():
+    """With `kernel_seconds`, a non-matmul kernel takes max(its bytes / bandwidth, that time)
+    per run; matmuls are unaffected."""
+    rates = cost_model.Rates(matmul_flops_per_second=1e12, bytes_per_second=1e9)
+    kernels = [k for k in cost_model.traffic(PROGRAM).kernels if not k.matmul]
+    floor = 2 * max(k.bytes / k.runs for k in kernels) / 1e9  # longer than any kernel's bytes
+    plain = cost_model.estimate(PROGRAM, 1e10, rates)
+    floored = cost_model.estimate(PROGRAM, 1e10, dataclasses.replace(rates, kernel_seconds=floor))
+    runs = sum(k.runs for k in kernels)
+    assert floored["other_kernels"] == plain["other_kernels"] == runs
+    assert floored["other_seconds"] == pytest.approx(runs * floor)
+    assert floored["matmul_seconds"] == plain["matmul_seconds"]
+    assert floored["step_seconds"] == pytest.approx(
+        plain["step_seconds"] - plain["other_seconds"] + runs * floor
+    )
+    # A floor below every kernel's time changes nothing.
+    tiny = cost_model.estimate(PROGRAM, 1e10, dataclasses.replace(rates, kernel_seconds=1e-12))
+    assert tiny["other_seconds"] == pytest.approx(plain["other_seconds"])
 
 
 ASYNC_PROGRAM = """
