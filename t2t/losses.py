@@ -1,7 +1,11 @@
 """Token-level cross-entropy with T5's z-loss, and how a batch's loss is normalized.
 
-Labels stay integers: the target log-probability is gathered with `take_along_axis`, so no
-one-hot [B, T, V] tensor is ever built (docs/spec.md section 6).
+Labels stay integers and no one-hot [B, T, V] tensor is ever built (docs/spec.md section 6): the
+target's logit is selected by comparing each vocabulary position with the label inside the
+reduction over the vocabulary, which XLA fuses with the softmax's own reductions, and whose
+gradient is the same comparison fused into the softmax's gradient. (Gathering it with
+`take_along_axis` instead makes the backward pass scatter into a zeroed float32 [B, T, V]
+array: 3.75 GB of traffic in one scatter kernel for T5.1.1-base at batch 128.)
 
 Worked example (tested): logits [[0, ln 3]] over a vocabulary of 2 and target 1 give
 logsumexp = ln 4, cross-entropy = ln 4 - ln 3 = 0.2877 and, with z_loss = 1e-4, a z term of
@@ -47,7 +51,9 @@ def cross_entropy_with_z_loss(
     # (as in jax.nn.logsumexp) would add.
     shift = jnp.max(jax.lax.stop_gradient(logits), axis=-1, keepdims=True)  # [B, T, 1]
     log_z = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) + shift[..., 0]  # [B, T]
-    target_logits = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)
+    vocab_ids = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    is_target = vocab_ids == targets[..., None].astype(jnp.int32)  # fused, never stored
+    target_logits = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1, keepdims=True)
     z_term = z_loss * jnp.square(log_z)  # [B, T]
     if not label_smoothing:
         return log_z - target_logits[..., 0] + z_term, z_term

@@ -151,17 +151,25 @@ def test_gradient_equals_one_hot_reference(batch):
     )
 
 
-def test_no_one_hot_tensor_in_the_loss_or_its_gradient(batch):
-    logits, targets = batch
+def _stored_label_arrays(loss, logits) -> list:
+    """[B, T, V] arrays of the compiled gradient's top level (stored in memory) that are not
+    floats: a one-hot, or a label comparison kept between kernels."""
+    from t2t.aot import hlo
 
-    def loss(logits):
-        return losses.compute_weighted_loss(logits, jnp.asarray(targets))[0]
+    text = jax.jit(jax.grad(loss)).lower(jnp.asarray(logits)).compile().as_text()
+    module = hlo.parse_module(text)
+    dims = "[" + ",".join(map(str, logits.shape)) + "]"
+    return [
+        i
+        for i in module.computations[module.entry].instructions
+        if dims in i.shape and not i.shape.startswith(("f32", "bf16", "f16", "f64", "("))
+    ]
 
-    jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.asarray(logits))
-    for equation in _equations(jaxpr.jaxpr):  # nested jaxprs too: jax.nn.one_hot is a jit
-        for out in equation.outvars:
-            if out.aval.shape == logits.shape:
-                assert jnp.issubdtype(out.aval.dtype, jnp.floating), equation
+
+def _scatters(loss, logits) -> list:
+    """The scatter equations of the gradient's jaxpr, nested jaxprs included."""
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.asarray(logits)).jaxpr
+    return [e for e in _equations(jaxpr) if "scatter" in e.primitive.name]
 
 
 def _equations(jaxpr):
@@ -175,25 +183,33 @@ def _equations(jaxpr):
                     yield from _equations(inner)
 
 
-def test_the_one_hot_check_sees_inside_nested_jits(batch):
+def test_no_one_hot_tensor_and_no_scatter_in_the_loss_or_its_gradient(batch):
+    """Labels stay integers: the target's logit is selected by a comparison that XLA fuses into
+    the reductions (never stored), and the backward pass scatters nothing (a gathered target
+    logit's gradient is a scatter into a zeroed [B, T, V] array)."""
     logits, targets = batch
 
-    def one_hot_loss(logits):  # what the check above must refuse
-        labels = jax.nn.one_hot(jnp.asarray(targets), logits.shape[-1])
-        return -(labels * jax.nn.log_softmax(logits)).sum()
+    def loss(logits):
+        return losses.compute_weighted_loss(logits, jnp.asarray(targets))[0]
 
-    jaxpr = jax.make_jaxpr(jax.grad(one_hot_loss))(jnp.asarray(logits)).jaxpr
-    nested = [e for e in _equations(jaxpr) if e not in jaxpr.eqns]
-    assert any(
-        out.aval.shape == logits.shape and not jnp.issubdtype(out.aval.dtype, jnp.floating)
-        for e in nested
-        for out in e.outvars
-    )
-    assert not any(  # the top level alone would miss it
-        out.aval.shape == logits.shape and not jnp.issubdtype(out.aval.dtype, jnp.floating)
-        for e in jaxpr.eqns
-        for out in e.outvars
-    )
+    assert _stored_label_arrays(loss, logits) == []
+    assert _scatters(loss, logits) == []
+
+
+def test_the_checks_see_a_gathered_target_logit_and_a_nested_one_hot(batch):
+    logits, targets = batch
+
+    def gathered(logits):
+        picked = jnp.take_along_axis(
+            jax.nn.log_softmax(logits), jnp.asarray(targets)[..., None], -1
+        )
+        return -picked.sum()
+
+    assert _scatters(gathered, logits)
+    # jax.nn.one_hot is a jit of its own: the jaxpr walk enters it.
+    one_hot = jax.make_jaxpr(jax.nn.one_hot, static_argnums=1)(jnp.asarray(targets), 11).jaxpr
+    assert any(e.primitive.name == "eq" for e in _equations(one_hot))
+    assert not any(e.primitive.name == "eq" for e in one_hot.eqns)  # the top level alone
 
 
 @pytest.mark.parametrize(
