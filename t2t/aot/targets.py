@@ -122,6 +122,13 @@ _MEASURED = {
         kernel_seconds=1.44e-6,
     )
 }
+
+
+def gpu_rates(name: str) -> cost_model.Rates | None:
+    """The rates measured on GPU `name` ("h100"), or None where none were."""
+    return _MEASURED.get(name)
+
+
 # "h100", "h100:8" (8 GPUs on one host), "h100:4x8" (4 hosts of 8).
 _GPU_TOPOLOGY = re.compile(r"^(h100|h200)(?::(?:(\d+)x)?(\d+))?$")
 CUDA_EXTRA_HINT = (

@@ -377,6 +377,11 @@ class Mlp(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: Keys):
         self.activations = config.mlp_activations
         self.dropout_rate = config.dropout_rate
+        # Without rematerialization the gated product keeps only its inputs (`gated`); a
+        # rematerialized layer recomputes its forward pass anyway, and there plain autodiff
+        # compiles to less traffic (T5.1.1-base, batch 2048, v5e:4x4, full remat: 393 vs 399
+        # GB per step, 5.4 vs 5.7 GiB per chip).
+        self.gate_backward = config.remat_policy == "none"
         d, f = config.d_model, config.d_ff
 
         def dense(name, size_in, size_out, names):
@@ -405,7 +410,12 @@ class Mlp(nnx.Module):
         if len(self.activations) == 1:
             h = _ACTIVATIONS[self.activations[0]](self.wi(x))  # [B, L, F]
         else:
-            h = gated(self.wi_0(x), self.wi_1(x), *self.activations)  # [B, L, F]
+            first, second = self.activations
+            a, b = self.wi_0(x), self.wi_1(x)
+            if self.gate_backward:
+                h = gated(a, b, first, second)  # [B, L, F]
+            else:
+                h = _ACTIVATIONS[first](a) * _ACTIVATIONS[second](b)
         h = dropout(constrain(h, axes.BLF), self.dropout_rate, rngs)
         y = self.wo(h)
         return self.adapter(y) if self.has_adapter else y
