@@ -121,7 +121,7 @@ class Rates:
     # kernels count at the matmul rate.
     attention_flops_per_second: float | None = None
     # The least time one non-matmul kernel takes, however few bytes it moves (its launch and
-    # ramp: on the H100 the 2,289 kernels per step under 1 MB took a median 1.66 us each);
+    # ramp: on the H100 the 2,289 kernels per step under 1 MB took a median 1.44 us each);
     # 0: not modeled. A step of many small kernels (an optimizer updating each parameter
     # alone) is bound by their number, not their bytes.
     kernel_seconds: float = 0.0

@@ -65,12 +65,11 @@ def loss_and_grads(cfg, features, seed=0):
                 (False, "full"),
                 (True, "none"),
                 (True, "dots_with_no_batch_dims"),
-                (True, "none", True),
-                (True, "full", True),
+                (True, "full", True),  # unroll_layers
             ),
         ),
         ("encoder_decoder_shared", ((True, "full"), (True, "none", True))),
-        ("decoder_only", ((False, "dots"), (True, "full"), (True, "none", True))),
+        ("decoder_only", ((False, "dots"), (True, "full"))),
         ("prefix_lm", ((True, "full"),)),
     ],
 )
