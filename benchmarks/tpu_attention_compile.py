@@ -14,7 +14,10 @@ Variants:
 - `xla`: this tree, `attention_impl="xla"`.
 - `xla_f32_logits`: the same with `float32_attention_logits=True`.
 - `flash`: this tree, `attention_impl="flash"` (Pallas flash attention where the lengths are
-  multiples of 128: the encoder's self-attention).
+  multiples of 128: the encoder's self-attention), t2t's kernels (`t2t.nn.flash_kernels`: the
+  position bias read as [N, L, S], its gradient summed over the batch in the kernel).
+- `flash_jax`: the same with JAX's kernels (`jax.experimental.pallas.ops.tpu.flash_attention`,
+  the bias broadcast to [B, N, L, S]), which `flash` runs where t2t's do not tile the rows.
 
     git worktree add /tmp/t2t-before 3b5ee95
     python benchmarks/tpu_attention_compile.py --before_tree /tmp/t2t-before
@@ -43,6 +46,7 @@ VARIANTS = {
     "xla": {"attention_impl": "xla"},
     "xla_f32_logits": {"attention_impl": "xla", "float32_attention_logits": True},
     "flash": {"attention_impl": "flash"},
+    "flash_jax": {"attention_impl": "flash"},
 }
 
 
@@ -53,6 +57,10 @@ def dump(args) -> int:
     from t2t.aot import programs
     from t2t.partitioning import make_partitioner
 
+    if args.dump == "flash_jax":  # as where t2t's kernels do not tile the rows
+        from t2t.nn import flash_kernels
+
+        flash_kernels.fits = lambda *shape, **blocks: "JAX's kernels asked for"
     target = aot.tpu_target(args.topology)
     config = nn.get_preset(
         args.preset,

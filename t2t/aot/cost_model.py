@@ -7,10 +7,11 @@ program instead (`t2t.aot.hlo`) and counts, for each kernel the device will run:
 
 - **what crosses device memory**: a fusion's operands and results (a fusion is one kernel: what
   it computes inside stays on chip), a copy's or a slice's bytes, a custom call's operands and
-  results. Only arrays in device memory (HBM) count: on TPUs, operands the compiler staged in
-  on-chip memory (`S(1)`) are counted once, by the copy that staged them. An operand a fusion
-  only slices (a loop reading one layer of a stacked array) counts the slice; an array updated
-  in place counts the update.
+  results (a Pallas kernel's own count where it declares one: `pl.CostEstimate`, its blocks'
+  re-reads included). Only arrays in device memory (HBM) count: on TPUs, operands the compiler
+  staged in on-chip memory (`S(1)`) are counted once, by the copy that staged them. An operand a
+  fusion only slices (a loop reading one layer of a stacked array) counts the slice; an array
+  updated in place counts the update.
 - **how often**: a loop body counts as many times as the loop runs (the trip count the compiler
   knows, or the bound of the loop's condition), a conditional its most expensive branch.
 - **matmul or not**: a kernel that holds a matmul (dot, convolution, a GEMM or fused-attention
@@ -317,6 +318,9 @@ def _walk(module: hlo.Module, name: str, runs: int, traffic: Traffic, stack: tup
             size = 2 * (_array_bytes(update.shape) if update else 0)
         elif op in ("dynamic-slice", "slice"):
             size = 2 * hlo.device_memory_bytes(instruction.shape)
+        elif op == "custom-call" and (declared := _declared_bytes(instruction)) is not None:
+            size = declared  # a Pallas kernel's own count, its blocks' re-reads included
+            matmul = bool(_MATMUL_TARGET.search(instruction.target))
         else:
             size = _operand_bytes(instruction, computation) + hlo.device_memory_bytes(
                 instruction.shape
@@ -368,6 +372,18 @@ def _operand_bytes(instruction: hlo.Instruction, computation: hlo.Computation) -
         for o in instruction.operands
         if o in computation.by_name
     )
+
+
+# A Pallas kernel's `pl.CostEstimate`, which Mosaic keeps in the custom call's configuration.
+_DECLARED_BYTES = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"?(\d+)')
+
+
+def _declared_bytes(instruction: hlo.Instruction) -> float | None:
+    """The device-memory bytes a kernel declares it moves (a Pallas kernel's cost estimate:
+    with blocks fetched again for each block of the other operand, more than its operands and
+    results), or None when it declares none."""
+    match = _DECLARED_BYTES.search(instruction.attributes)
+    return float(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
 def _async_copy_bytes(instruction: hlo.Instruction, computation: hlo.Computation) -> float:

@@ -62,7 +62,8 @@ def matmul_flops(jaxpr: Any) -> int:
 
     A `scan` body counts `length` times; a `cond` counts its most expensive branch; a `while`
     loop (unknown trip count) counts its body once; a Pallas kernel (`pallas_call`) counts its
-    body once per point of its grid; cuDNN's fused attention as the module docstring says.
+    body once per point of its grid; a `shard_map` body (one device's shapes) once per device of
+    its mesh; cuDNN's fused attention as the module docstring says.
     """
     return _count(jaxpr, fused_attention_only=False)
 
@@ -98,5 +99,15 @@ def _count(jaxpr: Any, fused_attention_only: bool) -> int:
             inner *= eqn.params["length"]
         elif name == "pallas_call":
             inner *= math.prod(eqn.params["grid_mapping"].grid)
+        elif name == "shard_map":  # the body's shapes are one device's: it runs on each
+            inner *= _shard_map_devices(eqn.params)
         total += inner
     return total
+
+
+def _shard_map_devices(params: dict) -> int:
+    """How many devices a `shard_map` body runs on: its mesh's manual axes."""
+    mesh = params["mesh"]
+    manual = params.get("newly_manual_axes", params.get("manual_axes")) or mesh.axis_names
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    return math.prod(sizes[name] for name in manual)

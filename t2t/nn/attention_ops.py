@@ -14,13 +14,16 @@ each implementation combines them the way its kernel wants.
   prefix LMs pass a boolean mask, which JAX's wrapper turns into a per-row bias. The bias is
   cast to the compute dtype: with a float32 bias cuDNN's bias gradient was measured wrong
   (issue 32). No dropout on attention weights.
-- `flash`: Pallas flash attention on TPUs (`jax.experimental.pallas.ops.tpu.flash_attention`),
-  for query and key lengths that are multiples of 128 (the decoder's 114 targets are not: those
-  sites stay on XLA). Its bias operand is [B, N, L, S] per device, so the position bias is
-  broadcast over the rows inside each device's shard; padding and packing become segment ids.
+- `flash`: Pallas flash attention on TPUs, for query and key lengths that are multiples of 128
+  (the decoder's 114 targets are not: those sites stay on XLA); padding and packing become
+  segment ids. t2t's kernels (`t2t.nn.flash_kernels`) read the position bias as [N, L, S] and
+  sum its gradient over the batch inside the kernel; where they do not tile a device's rows
+  (not a multiple of 8), JAX's (`jax.experimental.pallas.ops.tpu.flash_attention`), whose bias
+  operand is [B, N, L, S], get the bias broadcast over the rows inside each device's shard.
 - `auto`: per call site, from the platform the program is compiled for. TPUs: `flash` where
   the keys are 1024 or more long and its blocks tile the lengths, `xla` elsewhere (compiled for
-  v5e, flash's estimated step is slower at 512 tokens and faster from 1024 on). GPUs: `cudnn`
+  v5e, flash's estimated step is 2.7% shorter at 512 tokens, within what the cost model can
+  tell for a kernel never timed on a TPU, and 18-44% shorter from 1024 on). GPUs: `cudnn`
   where the attention is not causal (the encoder's self-attention with its bias and the
   cross-attention), `xla` for the causal decoder. Measured on an H100 at T5.1.1-base's shapes,
   batch 128, forward + backward of one site (`benchmarks/gpu_train_step_bench.py`, job
@@ -39,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from t2t.nn import axes, layers, masks
+from t2t.nn import axes, flash_kernels, layers, masks
 from t2t.nn.config import ATTENTION_IMPLS as IMPLEMENTATIONS
 from t2t.nn.sharding import current_spec
 
@@ -52,9 +55,11 @@ _CUDNN_MAX_HEAD_DIM = 128
 # Pallas flash attention on TPUs tiles queries and keys in blocks of 128.
 _FLASH_BLOCK = 128
 # `auto` runs flash attention on TPUs from this key length on. T5.1.1-base's step compiled for
-# v5e:4x4, the same tokens per step (`benchmarks/tpu_attention_compile.py`), estimated step and
-# HBM per chip, XLA vs flash: 512 input tokens 496 vs 521 ms, 6.0 vs 7.3 GiB; 1024 tokens 356 vs
-# 312 ms, 3.9 vs 4.7 GiB; 2048 tokens 627 vs 418 ms, 8.3 vs 6.6 GiB.
+# v5e:4x4, the same tokens per step (`benchmarks/tpu_attention_compile.py`,
+# `results/tpu_attention_compile_kernels*.json`), XLA vs t2t's flash kernels: see
+# docs/pod_scale.md. At 512 tokens flash's estimate is a few percent shorter, too little to
+# trust without a TPU's timing; from 1024 on it is shorter by a margin the kernels' unmodeled
+# efficiency would not take back.
 FLASH_AUTO_MIN_LENGTH = 1024
 
 
@@ -460,9 +465,10 @@ def _without_causal(visibility: masks.Visibility) -> masks.Visibility:
 
 def _flash(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:
     """Pallas flash attention (TPU): blocks of queries and keys stay in on-chip memory, so no
-    [B, N, L, S] logits are written. Its bias operand must be [B, N, L, S]: the position bias is
-    broadcast over this device's rows inside the shard. Padding and packing become segment ids
-    (padding is segment 0, which real tokens never see)."""
+    [B, N, L, S] logits are written. t2t's kernels take the position bias as [N, L, S]; JAX's,
+    where t2t's do not tile this device's rows, need it broadcast to [B, N, L, S] inside the
+    shard. Padding and packing become segment ids (padding is segment 0, which real tokens
+    never see)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
 
     batch, length, key_length = q.shape[0], q.shape[1], k.shape[2]
@@ -471,6 +477,18 @@ def _flash(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:
     has_bias = bias is not None
 
     def attend(q, k, v, bias, query_ids, key_ids):
+        # This device's rows and heads: t2t's kernels where they tile them (the bias stays
+        # [N, L, S]), else JAX's with the bias broadcast over the rows.
+        if flash_kernels.fits(q.shape[0], length, key_length) is None:
+            return flash_kernels.flash_attention(
+                q,
+                k,
+                v,
+                None if bias is None else bias[0].astype(q.dtype),
+                query_ids,
+                key_ids,
+                visibility.causal,
+            )
         ab = None
         if has_bias:  # [B, N, L, S] for this shard's rows and heads
             ab = jnp.broadcast_to(bias.astype(q.dtype), (*q.shape[:2], length, key_length))

@@ -12,6 +12,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from t2t import cli
@@ -77,6 +78,27 @@ def test_matmul_flops_count_scan_trips_and_remat_recompute():
     assert flops.matmul_flops(backward) == 3 * one_layer * 2
     remat = jax.make_jaxpr(jax.grad(lambda x: forward(x, True)))(x)
     assert flops.matmul_flops(remat) == 3 * one_layer * 3  # the forward pass once more
+
+
+def test_matmul_flops_count_a_shard_map_body_once_per_device():
+    """A `shard_map` body holds one device's shapes: its FLOPs count once per device, so a
+    product split over a mesh counts what it counts unsplit."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices()[:4]
+    if len(devices) < 4:
+        pytest.skip("needs 4 devices")
+    mesh = jax.sharding.Mesh(np.array(devices).reshape(2, 2), ("a", "b"))
+    x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("a", "b")))
+    split = jax.shard_map(
+        lambda x: x @ jnp.ones((x.shape[1], 32)),
+        mesh=mesh,
+        in_specs=P("a", "b"),
+        out_specs=P("a", "b"),
+    )
+    # Each of the 4 devices multiplies its [4, 8] block by [8, 32]: 2 * 4 * 8 * 32 each.
+    assert flops.matmul_flops(jax.make_jaxpr(split)(x)) == 4 * 2 * 4 * 8 * 32
 
 
 def test_matmul_flops_count_cudnn_fused_attention(monkeypatch):

@@ -209,6 +209,29 @@ def test_an_asynchronous_fusion_counts_as_the_fusion_it_wraps():
     assert [(k.opcode, k.bytes) for k in found.kernels] == [("fusion", 65536 + 4 + 65536)]
 
 
+# A Pallas kernel on a TPU: one custom call whose operands and result are 3 x 262144 bytes,
+# declaring (its cost estimate) the 1310720 bytes its blocks move, k and v read twice.
+PALLAS_PROGRAM = """
+HloModule jit_attend, entry_computation_layout={(bf16[8,128,128]{2,1,0})->bf16[8,128,128]{2,1,0}}
+
+ENTRY %main (q: bf16[8,128,128], k: bf16[8,128,128]) -> bf16[8,128,128] {
+  %q = bf16[8,128,128]{2,1,0} parameter(0)
+  %k = bf16[8,128,128]{2,1,0} parameter(1)
+  ROOT %attend = bf16[8,128,128]{2,1,0} custom-call(%q, %k), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"TUzvUg==","cost_estimate":{"flops":"1024","transcendentals":"0","bytes_accessed":"1310720","remote_bytes_transferred":"0"},"needs_layout_passes":true}}
+}
+"""
+
+
+def test_a_pallas_kernel_counts_the_bytes_it_declares():
+    found = cost_model.traffic(PALLAS_PROGRAM)
+    assert [(k.opcode, k.bytes, k.matmul) for k in found.kernels] == [
+        ("custom-call", 1310720, True)
+    ]
+    # Without a declaration: its operands and result, once each.
+    undeclared = PALLAS_PROGRAM.replace('"bytes_accessed":"1310720"', '"bytes_accessed":"0"')
+    assert [k.bytes for k in cost_model.traffic(undeclared).kernels] == [3 * 262144]
+
+
 def _traffic_of(fn, *args):
     return cost_model.traffic(jax.jit(fn).lower(*args).compile().as_text())
 

@@ -331,19 +331,26 @@ def test_cudnn_matches_xla_in_loss_and_gradients_on_a_gpu(packed):
         np.testing.assert_allclose(got, want, atol=3e-2 * scale, err_msg=jax.tree_util.keystr(path))
 
 
-# Packed rows are checked sharded (the harder case; the unsharded kernel is checked unpacked).
-@pytest.mark.parametrize("packed, mesh", [(False, None), (True, (2, 2))])
-def test_pallas_flash_matches_xla_in_loss_and_gradients(monkeypatch, packed, mesh):
+# t2t's kernels (`flash_kernels`) sharded with packed rows (the harder case); JAX's, where t2t's
+# do not tile the rows, alone and unpacked.
+@pytest.mark.parametrize("packed, mesh, kernels", [(False, None, "jax"), (True, (2, 2), "t2t")])
+def test_pallas_flash_matches_xla_in_loss_and_gradients(monkeypatch, packed, mesh, kernels):
     """TPU flash attention, run by Pallas's TPU interpreter on the CPU: the encoder's 128-long
     self-attention on flash (the 8-long decoder sites stay on XLA), with the position bias and
     its gradient, padding and packing as segment ids; alone and sharded over a 2x2 mesh (one
     kernel per device on its rows and heads, `shard_map`)."""
     from jax.experimental.pallas import tpu as pltpu
 
+    from t2t.nn import flash_kernels
     from t2t.partitioning import make_partitioner
 
+    # t2t's kernels also inside a scanned stack. (Not rematerialized: Pallas's TPU interpreter
+    # runs the kernels as callbacks, which `jax.checkpoint` refuses; compiled for a TPU,
+    # `benchmarks/tpu_attention_compile.py` runs them under full remat.)
+    layout = {"scan_layers": True} if kernels == "t2t" else {}
+
     def run(implementation):
-        cfg = config(attention_impl=implementation, dropout_rate=0.0, d_model=64, d_kv=16)
+        cfg = config(attention_impl=implementation, dropout_rate=0.0, d_model=64, d_kv=16, **layout)
         features = batch("encoder_decoder", packed, rows=4, inputs=128, targets=8)
         model = models.model_for(cfg)
         params = model.init_params(jax.random.PRNGKey(0))
@@ -360,12 +367,18 @@ def test_pallas_flash_matches_xla_in_loss_and_gradients(monkeypatch, packed, mes
 
     loss, grads = run("xla")
     monkeypatch.setattr(attention_ops, "current_platform", lambda: "tpu")
+    tiled = []
+    ours = flash_kernels.flash_attention
+    monkeypatch.setattr(flash_kernels, "flash_attention", lambda *a: tiled.append(1) or ours(*a))
+    if kernels == "jax":
+        monkeypatch.setattr(flash_kernels, "fits", lambda *a: "forced JAX's kernel")
     seen = []
     flash = attention_ops._flash
     monkeypatch.setattr(attention_ops, "_flash", lambda *a: seen.append(1) or flash(*a))
     with pltpu.force_tpu_interpret_mode():
         flash_loss, flash_grads = run("flash")
     assert seen  # the encoder did run on flash
+    assert bool(tiled) == (kernels == "t2t")
     assert flash_loss == pytest.approx(loss, rel=1e-5)
     for (path, got), (_, want) in zip(
         jax.tree_util.tree_leaves_with_path(flash_grads),

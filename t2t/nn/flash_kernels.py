@@ -1,0 +1,658 @@
+"""Flash attention for TPUs with T5's position bias shared by the batch (Pallas, Mosaic).
+
+JAX's Pallas flash attention for TPUs takes its bias as a [B, N, L, S] operand and returns its
+gradient at that size, so T5's relative position bias, one [N, L, S] array per stack, has to be
+broadcast over the batch in device memory and its gradient summed back: the traffic flash
+attention exists to avoid. These kernels read the bias as [N, L, S], once per block of `bb`
+rows of the batch, and sum its gradient over the batch inside the kernel that computes the
+queries' gradient, so nothing of size [B, N, L, S] is ever written.
+
+Three kernels, each over blocks of `bq` queries and `bk` keys of `bb` rows:
+
+- forward (grid rows, heads, query blocks, key blocks): the online softmax; writes the output
+  and each query's log-sum-exp `lse`;
+- queries' gradient and the bias's (grid heads, query blocks, rows, key blocks): recomputes
+  `p = exp(s - lse)`, `ds = p * (do v - D)` with `D = sum(do * o)`; `dq = sum_keys ds k`, and
+  `dbias[n] = sum_rows ds`, an [bq, S] block that stays in on-chip memory while every row
+  block and key block adds to it;
+- keys' and values' gradients (grid rows, heads, key blocks, query blocks): `dv = p^T do`,
+  `dk = ds^T q`.
+
+Masks: segment ids per row (padding as segment 0, which real tokens never share) and a causal
+flag; a masked logit gets -1e10 added, as on the XLA path, so a query that sees no key gets a
+uniform softmax, not NaNs. No scaling of the logits (T5's is in the query initializer). Off a TPU
+the kernels run in Pallas's interpreter (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from t2t.nn import masks
+
+MASKED = masks.MASKED_BIAS
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Rows of the batch, queries and keys per kernel program."""
+
+    rows: int = 8
+    queries: int = 128
+    keys: int = 128
+    # The backward pass in one kernel where its bias and query gradients fit on chip.
+    fused_backward: bool = True
+
+
+def fits(batch: int, length: int, key_length: int, blocks: Blocks = Blocks()) -> str | None:
+    """Why these kernels cannot tile this attention (None when they can)."""
+    rows = min(blocks.rows, batch)
+    if batch % rows or (rows != batch and rows % 8):
+        return f"the batch ({batch} rows per device) in blocks of {rows}"
+    if length % min(blocks.queries, length) or key_length % min(blocks.keys, key_length):
+        return f"query and key lengths {length} and {key_length} in blocks of 128"
+    return None
+
+
+def _geometry(q, k, blocks: Blocks):
+    batch, _, length, _ = q.shape
+    key_length = k.shape[2]
+    return (
+        min(blocks.rows, batch),
+        min(blocks.queries, length),
+        min(blocks.keys, key_length),
+    )
+
+
+def _mask(q_seg, kv_seg, causal, i, j, bq, bk):
+    """[bq, bk] float32: 0 where the query sees the key, MASKED where not (or None)."""
+    visible = None
+    if q_seg is not None:
+        visible = q_seg[:, None] == kv_seg[None, :]
+    if causal:
+        rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+        cols = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+        future = cols <= rows
+        visible = future if visible is None else visible & future
+    if visible is None:
+        return None
+    return jnp.where(visible, 0.0, MASKED)
+
+
+def _logits(q, k, bias, mask):
+    s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    if bias is not None:
+        s = s + bias
+    if mask is not None:
+        s = s + mask
+    return s
+
+
+def _nbytes(x) -> int:
+    return 0 if x is None else x.size * x.dtype.itemsize
+
+
+def _cost(flops: int, transcendentals: int, *moved) -> pl.CostEstimate:
+    """What a kernel computes and the device-memory bytes it moves: `moved` is (times, array)
+    pairs, an array read or written `times` times (its blocks fetched again for each block of
+    the other operand, the bias once per block of rows)."""
+    total = sum(times * _nbytes(x) for times, x in moved)
+    return pl.CostEstimate(
+        flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=int(total)
+    )
+
+
+def _refs(refs, names):
+    return dict(zip(names, refs, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# forward
+
+
+def _forward_kernel(*refs, names, causal, bb, bq, bk, key_blocks):
+    r = _refs(refs, names)
+    i, j = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(j == 0)
+    def _():
+        r["m"][...] = jnp.full(r["m"].shape, -jnp.inf, jnp.float32)
+        r["l"][...] = jnp.zeros(r["l"].shape, jnp.float32)
+        r["acc"][...] = jnp.zeros(r["acc"].shape, jnp.float32)
+
+    bias = r["bias"][...].astype(jnp.float32) if "bias" in r else None
+    for row in range(bb):
+        q_seg = r["q_seg"][row] if "q_seg" in r else None
+        kv_seg = r["kv_seg"][row] if "kv_seg" in r else None
+        mask = _mask(q_seg, kv_seg, causal, i, j, bq, bk)
+        s = _logits(r["q"][row], r["k"][row], bias, mask)  # [bq, bk]
+        m_old = r["m"][row]  # [bq, 1]
+        m_new = jnp.maximum(m_old, jnp.max(s, axis=1, keepdims=True))
+        alpha = jnp.exp(m_old - m_new)
+        p = jnp.exp(s - m_new)
+        r["l"][row] = alpha * r["l"][row] + jnp.sum(p, axis=1, keepdims=True)
+        pv = jax.lax.dot_general(
+            p.astype(r["v"].dtype),
+            r["v"][row],
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+        r["acc"][row] = alpha * r["acc"][row] + pv
+        r["m"][row] = m_new
+
+    @pl.when(j == key_blocks - 1)
+    def _():
+        for row in range(bb):
+            total = r["l"][row]
+            r["o"][row] = (r["acc"][row] / total).astype(r["o"].dtype)
+            r["lse"][row] = (r["m"][row] + jnp.log(total))[:, 0]
+
+
+def _forward(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret):
+    """q [B, N, L, H], k and v [B, N, S, H], bias [N, L, S] or None, segment ids [B, L] and
+    [B, S] or None -> (o [B, N, L, H], lse [N, B, L] float32)."""
+    batch, heads, length, head_dim = q.shape
+    key_length = k.shape[2]
+    bb, bq, bk = _geometry(q, k, blocks)
+    grid = (batch // bb, heads, length // bq, key_length // bk)
+    names, operands, specs = [], [], []
+
+    def add(name, operand, spec):
+        if operand is not None:
+            names.append(name)
+            operands.append(operand)
+            specs.append(spec)
+
+    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)))
+    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)))
+    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)))
+    add("bias", bias, pl.BlockSpec((None, bq, bk), lambda b, h, i, j: (h, i, j)))
+    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda b, h, i, j: (b, i)))
+    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda b, h, i, j: (b, j)))
+    names += ["o", "lse", "m", "l", "acc"]
+    kernel = functools.partial(
+        _forward_kernel,
+        names=tuple(names),
+        causal=causal,
+        bb=bb,
+        bq=bq,
+        bk=bk,
+        key_blocks=grid[3],
+    )
+    out_shape = [
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct((heads, batch, length), jnp.float32),
+    ]
+    product = batch * heads * length * key_length
+    cost = _cost(
+        4 * product * head_dim,
+        product,
+        (1, q),
+        (grid[2], k),
+        (grid[2], v),
+        (grid[0], bias),
+        (heads, q_seg),
+        (heads * grid[2], kv_seg),
+        *((1, o) for o in out_shape),
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=specs,
+        cost_estimate=cost,
+        out_specs=[
+            pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)),
+            pl.BlockSpec((None, bb, bq), lambda b, h, i, j: (h, b, i)),
+        ],
+        out_shape=out_shape,
+        scratch_shapes=[
+            pltpu.VMEM((bb, bq, 1), jnp.float32),
+            pltpu.VMEM((bb, bq, 1), jnp.float32),
+            pltpu.VMEM((bb, bq, head_dim), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=interpret,
+    )(*operands)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward: queries and bias
+
+
+def _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk):
+    q_seg = r["q_seg"][row] if "q_seg" in r else None
+    kv_seg = r["kv_seg"][row] if "kv_seg" in r else None
+    mask = _mask(q_seg, kv_seg, causal, i, j, bq, bk)
+    s = _logits(r["q"][row], r["k"][row], bias, mask)
+    p = jnp.exp(s - r["lse"][row][:, None])  # [bq, bk]
+    dp = jax.lax.dot_general(
+        r["do"][row], r["v"][row], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    ds = p * (dp - r["delta"][row][:, None])
+    return p, ds
+
+
+def _dq_kernel(*refs, names, causal, bb, bq, bk, key_blocks, row_blocks):
+    r = _refs(refs, names)
+    i, b, j = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+    with_bias = "dbias" in r
+
+    @pl.when(j == 0)
+    def _():
+        r["dq_acc"][...] = jnp.zeros(r["dq_acc"].shape, jnp.float32)
+
+    if with_bias:
+
+        @pl.when((b == 0) & (j == 0))
+        def _():
+            r["dbias"][...] = jnp.zeros(r["dbias"].shape, jnp.float32)
+
+    bias = r["bias"][...].astype(jnp.float32) if "bias" in r else None
+    ds_sum = None
+    for row in range(bb):
+        _, ds = _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk)
+        r["dq_acc"][row] += jax.lax.dot_general(
+            ds.astype(r["k"].dtype),
+            r["k"][row],
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+        ds_sum = ds if ds_sum is None else ds_sum + ds
+    if with_bias:
+        columns = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        r["dbias"][:, columns] += ds_sum
+
+    @pl.when(j == key_blocks - 1)
+    def _():
+        r["dq"][...] = r["dq_acc"][...].astype(r["dq"].dtype)
+
+
+def _dq_and_dbias(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret):
+    batch, heads, length, head_dim = q.shape
+    key_length = k.shape[2]
+    bb, bq, bk = _geometry(q, k, blocks)
+    grid = (heads, length // bq, batch // bb, key_length // bk)
+    names, operands, specs = [], [], []
+
+    def add(name, operand, spec):
+        if operand is not None:
+            names.append(name)
+            operands.append(operand)
+            specs.append(spec)
+
+    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda h, i, b, j: (b, h, i, 0)))
+    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda h, i, b, j: (b, h, j, 0)))
+    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda h, i, b, j: (b, h, j, 0)))
+    add("bias", bias, pl.BlockSpec((None, bq, bk), lambda h, i, b, j: (h, i, j)))
+    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda h, i, b, j: (b, i)))
+    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda h, i, b, j: (b, j)))
+    add("do", do, pl.BlockSpec((bb, None, bq, head_dim), lambda h, i, b, j: (b, h, i, 0)))
+    add("lse", lse, pl.BlockSpec((None, bb, bq), lambda h, i, b, j: (h, b, i)))
+    add("delta", delta, pl.BlockSpec((None, bb, bq), lambda h, i, b, j: (h, b, i)))
+    out_specs = [pl.BlockSpec((bb, None, bq, head_dim), lambda h, i, b, j: (b, h, i, 0))]
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    names.append("dq")
+    if bias is not None:  # one [bq, S] block per head and query block, summed over the batch
+        out_specs.append(pl.BlockSpec((None, bq, key_length), lambda h, i, b, j: (h, i, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((heads, length, key_length), jnp.float32))
+        names.append("dbias")
+    names.append("dq_acc")
+    kernel = functools.partial(
+        _dq_kernel,
+        names=tuple(names),
+        causal=causal,
+        bb=bb,
+        bq=bq,
+        bk=bk,
+        key_blocks=grid[3],
+        row_blocks=grid[2],
+    )
+    product = batch * heads * length * key_length
+    cost = _cost(
+        6 * product * head_dim,
+        product,
+        (1, q),
+        (1, do),
+        (1, lse),
+        (1, delta),
+        (grid[1], k),
+        (grid[1], v),
+        (grid[2], bias),
+        (heads, q_seg),
+        (heads * grid[1], kv_seg),
+        *((1, o) for o in out_shape),
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=specs,
+        cost_estimate=cost,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=[pltpu.VMEM((bb, bq, head_dim), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary", "arbitrary")
+        ),
+        interpret=interpret,
+    )(*operands)
+    return out[0], (out[1] if bias is not None else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward: keys and values
+
+
+def _dkv_kernel(*refs, names, causal, bb, bq, bk, query_blocks):
+    r = _refs(refs, names)
+    j, i = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(i == 0)
+    def _():
+        r["dk_acc"][...] = jnp.zeros(r["dk_acc"].shape, jnp.float32)
+        r["dv_acc"][...] = jnp.zeros(r["dv_acc"].shape, jnp.float32)
+
+    bias = r["bias"][...].astype(jnp.float32) if "bias" in r else None
+    for row in range(bb):
+        p, ds = _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk)
+        transposed = (((0,), (0,)), ((), ()))  # [bq, bk] x [bq, H] -> [bk, H]
+        r["dv_acc"][row] += jax.lax.dot_general(
+            p.astype(r["do"].dtype), r["do"][row], transposed, preferred_element_type=jnp.float32
+        )
+        r["dk_acc"][row] += jax.lax.dot_general(
+            ds.astype(r["q"].dtype), r["q"][row], transposed, preferred_element_type=jnp.float32
+        )
+
+    @pl.when(i == query_blocks - 1)
+    def _():
+        r["dk"][...] = r["dk_acc"][...].astype(r["dk"].dtype)
+        r["dv"][...] = r["dv_acc"][...].astype(r["dv"].dtype)
+
+
+def _dk_and_dv(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret):
+    batch, heads, length, head_dim = q.shape
+    key_length = k.shape[2]
+    bb, bq, bk = _geometry(q, k, blocks)
+    grid = (batch // bb, heads, key_length // bk, length // bq)
+    names, operands, specs = [], [], []
+
+    def add(name, operand, spec):
+        if operand is not None:
+            names.append(name)
+            operands.append(operand)
+            specs.append(spec)
+
+    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, j, i: (b, h, i, 0)))
+    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, j, i: (b, h, j, 0)))
+    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, j, i: (b, h, j, 0)))
+    add("bias", bias, pl.BlockSpec((None, bq, bk), lambda b, h, j, i: (h, i, j)))
+    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda b, h, j, i: (b, i)))
+    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda b, h, j, i: (b, j)))
+    add("do", do, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, j, i: (b, h, i, 0)))
+    add("lse", lse, pl.BlockSpec((None, bb, bq), lambda b, h, j, i: (h, b, i)))
+    add("delta", delta, pl.BlockSpec((None, bb, bq), lambda b, h, j, i: (h, b, i)))
+    names += ["dk", "dv", "dk_acc", "dv_acc"]
+    kernel = functools.partial(
+        _dkv_kernel,
+        names=tuple(names),
+        causal=causal,
+        bb=bb,
+        bq=bq,
+        bk=bk,
+        query_blocks=grid[3],
+    )
+    kv_spec = pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, j, i: (b, h, j, 0))
+    product = batch * heads * length * key_length
+    cost = _cost(
+        8 * product * head_dim,
+        product,
+        (1, k),
+        (1, v),
+        (grid[2], q),
+        (grid[2], do),
+        (grid[2], lse),
+        (grid[2], delta),
+        (grid[0], bias),
+        (heads * grid[2], q_seg),
+        (heads, kv_seg),
+        (1, k),
+        (1, v),
+    )
+    return pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=specs,
+        cost_estimate=cost,
+        out_specs=[kv_spec, kv_spec],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch_shapes=[
+            pltpu.VMEM((bb, bk, head_dim), jnp.float32),
+            pltpu.VMEM((bb, bk, head_dim), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        interpret=interpret,
+    )(*operands)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward in one kernel, where the bias's and the queries' gradients fit in on-chip memory
+
+# The most on-chip memory (VMEM) the one-kernel backward may plan for by `_fused_bytes`; Mosaic's
+# default scoped limit is 16 MiB, and T5.1.1-base's encoder (512 x 512, 12 heads of 64) in
+# blocks of 8 rows and 128 x 128 plans 10.5 MiB (compiled for v5e; 16 rows or 512 keys a block
+# exceeded the limit).
+FUSED_BACKWARD_BYTES = 12 * 2**20
+
+
+def _fused_bytes(q, k, blocks: Blocks) -> int:
+    """On-chip bytes the one-kernel backward holds: the head's [L, S] float32 bias gradient, a
+    block of rows' [bb, L, H] query gradient (float32 and its output), the keys' and values'
+    accumulators, outputs and input blocks, each double-buffered where it is an operand, with
+    the head dimension padded to 128 lanes."""
+    _, _, length, head_dim = q.shape
+    key_length = k.shape[2]
+    bb, bq, bk = _geometry(q, k, blocks)
+    lanes, size = max(128, head_dim), q.dtype.itemsize
+    return (
+        2 * length * key_length * 4  # dbias
+        + bb * length * lanes * (4 + 2 * size)  # dq: accumulator and output
+        + 2 * bb * bk * lanes * (4 + 2 * size)  # dk, dv: accumulators and outputs
+        + 2 * 2 * bb * bq * lanes * size  # q, do
+        + 2 * 2 * bb * bk * lanes * size  # k, v
+        + 2 * bq * bk * size  # the bias block
+    )
+
+
+def _fused_backward_kernel(*refs, names, causal, bb, bq, bk, key_blocks, query_blocks):
+    r = _refs(refs, names)
+    b, j, i = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+    with_bias = "dbias" in r
+
+    @pl.when((j == 0) & (i == 0))
+    def _():
+        r["dq_acc"][...] = jnp.zeros(r["dq_acc"].shape, jnp.float32)
+
+    @pl.when(i == 0)
+    def _():
+        r["dk_acc"][...] = jnp.zeros(r["dk_acc"].shape, jnp.float32)
+        r["dv_acc"][...] = jnp.zeros(r["dv_acc"].shape, jnp.float32)
+
+    if with_bias:
+
+        @pl.when((b == 0) & (j == 0) & (i == 0))
+        def _():
+            r["dbias"][...] = jnp.zeros(r["dbias"].shape, jnp.float32)
+
+    bias = r["bias"][...].astype(jnp.float32) if "bias" in r else None
+    queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
+    transposed = (((0,), (0,)), ((), ()))  # [bq, bk] x [bq, H] -> [bk, H]
+    ds_sum = None
+    for row in range(bb):
+        p, ds = _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk)
+        r["dv_acc"][row] += jax.lax.dot_general(
+            p.astype(r["do"].dtype), r["do"][row], transposed, preferred_element_type=jnp.float32
+        )
+        r["dk_acc"][row] += jax.lax.dot_general(
+            ds.astype(r["q"].dtype), r["q"][row], transposed, preferred_element_type=jnp.float32
+        )
+        r["dq_acc"][row, queries, :] += jax.lax.dot_general(
+            ds.astype(r["k"].dtype),
+            r["k"][row],
+            (((1,), (0,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+        ds_sum = ds if ds_sum is None else ds_sum + ds
+    if with_bias:
+        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        r["dbias"][queries, keys] += ds_sum
+
+    @pl.when(i == query_blocks - 1)
+    def _():
+        r["dk"][...] = r["dk_acc"][...].astype(r["dk"].dtype)
+        r["dv"][...] = r["dv_acc"][...].astype(r["dv"].dtype)
+
+    @pl.when((j == key_blocks - 1) & (i == query_blocks - 1))
+    def _():
+        r["dq"][...] = r["dq_acc"][...].astype(r["dq"].dtype)
+
+
+def _fused_backward(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret):
+    """dq, dk, dv and the bias's gradient in one kernel: each block of scores is recomputed
+    once, not once for the queries' gradient and again for the keys'."""
+    batch, heads, length, head_dim = q.shape
+    key_length = k.shape[2]
+    bb, bq, bk = _geometry(q, k, blocks)
+    grid = (heads, batch // bb, key_length // bk, length // bq)
+    names, operands, specs = [], [], []
+
+    def add(name, operand, spec):
+        if operand is not None:
+            names.append(name)
+            operands.append(operand)
+            specs.append(spec)
+
+    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda h, b, j, i: (b, h, i, 0)))
+    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda h, b, j, i: (b, h, j, 0)))
+    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda h, b, j, i: (b, h, j, 0)))
+    add("bias", bias, pl.BlockSpec((None, bq, bk), lambda h, b, j, i: (h, i, j)))
+    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda h, b, j, i: (b, i)))
+    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda h, b, j, i: (b, j)))
+    add("do", do, pl.BlockSpec((bb, None, bq, head_dim), lambda h, b, j, i: (b, h, i, 0)))
+    add("lse", lse, pl.BlockSpec((None, bb, bq), lambda h, b, j, i: (h, b, i)))
+    add("delta", delta, pl.BlockSpec((None, bb, bq), lambda h, b, j, i: (h, b, i)))
+    kv_spec = pl.BlockSpec((bb, None, bk, head_dim), lambda h, b, j, i: (b, h, j, 0))
+    out_specs = [
+        pl.BlockSpec((bb, None, length, head_dim), lambda h, b, j, i: (b, h, 0, 0)),
+        kv_spec,
+        kv_spec,
+    ]
+    out_shape = [
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+    ]
+    names += ["dq", "dk", "dv"]
+    if bias is not None:  # one [L, S] block per head, summed over the batch
+        out_specs.append(pl.BlockSpec((None, length, key_length), lambda h, b, j, i: (h, 0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((heads, length, key_length), jnp.float32))
+        names.append("dbias")
+    names += ["dq_acc", "dk_acc", "dv_acc"]
+    product = batch * heads * length * key_length
+    cost = _cost(
+        10 * product * head_dim,
+        product,
+        (1, k),
+        (1, v),
+        (grid[2], q),
+        (grid[2], do),
+        (grid[2], lse),
+        (grid[2], delta),
+        (grid[1], bias),
+        (heads * grid[2], q_seg),
+        (heads, kv_seg),
+        *((1, o) for o in out_shape),
+    )
+    kernel = functools.partial(
+        _fused_backward_kernel,
+        names=tuple(names),
+        causal=causal,
+        bb=bb,
+        bq=bq,
+        bk=bk,
+        key_blocks=grid[2],
+        query_blocks=grid[3],
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid=grid,
+        in_specs=specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        cost_estimate=cost,
+        scratch_shapes=[
+            pltpu.VMEM((bb, length, head_dim), jnp.float32),
+            pltpu.VMEM((bb, bk, head_dim), jnp.float32),
+            pltpu.VMEM((bb, bk, head_dim), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary", "arbitrary", "arbitrary")
+        ),
+        interpret=interpret,
+    )(*operands)
+    return out[0], out[1], out[2], (out[3] if bias is not None else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the op
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def flash_attention(q, k, v, bias, q_seg, kv_seg, causal, blocks=Blocks(), interpret=False):
+    """softmax(q k^T + bias, masked) v.
+
+    Args:
+      q: [B, N, L, H]; k, v: [B, N, S, H].
+      bias: [N, L, S] (shared by every row of the batch) or None.
+      q_seg, kv_seg: [B, L] and [B, S] int32 segment ids (a query sees the keys of its own
+        segment) or None for both.
+      causal: whether query i sees only keys up to i.
+      blocks: the kernels' `Blocks`.
+      interpret: run in Pallas's interpreter (off a TPU; or inside
+        `pltpu.force_tpu_interpret_mode()`).
+
+    Returns:
+      [B, N, L, H] in q's dtype.
+    """
+    return _forward(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret)[0]
+
+
+def _flash_fwd(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret):
+    o, lse = _forward(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret)
+    return o, (q, k, v, bias, q_seg, kv_seg, o, lse)
+
+
+def _flash_bwd(causal, blocks, interpret, residuals, do):
+    q, k, v, bias, q_seg, kv_seg, o, lse = residuals
+    # D = rowsum(do * o), [N, B, L] like lse.
+    delta = jnp.einsum("BNLH,BNLH->NBL", do.astype(jnp.float32), o.astype(jnp.float32))
+    args = (q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret)
+    if blocks.fused_backward and _fused_bytes(q, k, blocks) <= FUSED_BACKWARD_BYTES:
+        dq, dk, dv, dbias = _fused_backward(*args)
+    else:
+        dq, dbias = _dq_and_dbias(*args)
+        dk, dv = _dk_and_dv(*args)
+    if bias is not None:
+        dbias = dbias.astype(bias.dtype)
+    return dq, dk, dv, dbias, None, None
+
+
+flash_attention.defvjp(_flash_fwd, _flash_bwd)
