@@ -4,19 +4,25 @@ JAX's Pallas flash attention for TPUs takes its bias as a [B, N, L, S] operand a
 gradient at that size, so T5's relative position bias, one [N, L, S] array per stack, has to be
 broadcast over the batch in device memory and its gradient summed back: the traffic flash
 attention exists to avoid. These kernels read the bias as [N, L, S], once per block of `bb`
-rows of the batch, and sum its gradient over the batch inside the kernel that computes the
-queries' gradient, so nothing of size [B, N, L, S] is ever written.
+rows of the batch, and sum its gradient over the batch on chip, so nothing of size
+[B, N, L, S] is ever written.
 
-Three kernels, each over blocks of `bq` queries and `bk` keys of `bb` rows:
+The kernels, each over blocks of `bq` queries and `bk` keys of `bb` rows:
 
 - forward (grid rows, heads, query blocks, key blocks): the online softmax; writes the output
   and each query's log-sum-exp `lse`;
-- queries' gradient and the bias's (grid heads, query blocks, rows, key blocks): recomputes
-  `p = exp(s - lse)`, `ds = p * (do v - D)` with `D = sum(do * o)`; `dq = sum_keys ds k`, and
-  `dbias[n] = sum_rows ds`, an [bq, S] block that stays in on-chip memory while every row
-  block and key block adds to it;
-- keys' and values' gradients (grid rows, heads, key blocks, query blocks): `dv = p^T do`,
-  `dk = ds^T q`.
+- backward in one kernel (grid heads, row blocks, key blocks, query blocks), where its on-chip
+  arrays fit (`FUSED_BACKWARD_BYTES`, as for T5's 512 tokens): recomputes each block of
+  `p = exp(s - lse)` and `ds = p * (do v - D)`, `D = sum(do * o)`, once; accumulates
+  `dv = p^T do` and `dk = ds^T q` per key block, `dq = ds k` for all of a row block's queries,
+  and the head's [L, S] bias gradient `sum_rows ds`, which stays on chip while every block of
+  rows and keys adds to it;
+- else backward in two kernels: the queries' gradient and the bias's (grid heads, query
+  blocks, row blocks, key blocks; an [bq, S] bias gradient block stays on chip across the rows
+  and keys), then the keys' and values' (grid rows, heads, key blocks, query blocks).
+
+Each kernel declares the device-memory bytes it moves, blocks fetched again included
+(`pl.CostEstimate`), which `t2t.aot.cost_model` counts.
 
 Masks: segment ids per row (padding as segment 0, which real tokens never share) and a causal
 flag; a masked logit gets -1e10 added, as on the XLA path, so a query that sees no key gets a
@@ -55,8 +61,9 @@ def fits(batch: int, length: int, key_length: int, blocks: Blocks = Blocks()) ->
     rows = min(blocks.rows, batch)
     if batch % rows or (rows != batch and rows % 8):
         return f"the batch ({batch} rows per device) in blocks of {rows}"
-    if length % min(blocks.queries, length) or key_length % min(blocks.keys, key_length):
-        return f"query and key lengths {length} and {key_length} in blocks of 128"
+    bq, bk = min(blocks.queries, length), min(blocks.keys, key_length)
+    if length % bq or key_length % bk:
+        return f"query and key lengths {length} and {key_length} in blocks of {bq} and {bk}"
     return None
 
 
@@ -78,8 +85,8 @@ def _mask(q_seg, kv_seg, causal, i, j, bq, bk):
     if causal:
         rows = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
         cols = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-        future = cols <= rows
-        visible = future if visible is None else visible & future
+        earlier = cols <= rows
+        visible = earlier if visible is None else visible & earlier
     if visible is None:
         return None
     return jnp.where(visible, 0.0, MASKED)
@@ -106,6 +113,14 @@ def _cost(flops: int, transcendentals: int, *moved) -> pl.CostEstimate:
     return pl.CostEstimate(
         flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=int(total)
     )
+
+
+def _add(names, operands, specs, name, operand, spec) -> None:
+    """Appends an optional operand (the bias, the segment ids) with its block spec."""
+    if operand is not None:
+        names.append(name)
+        operands.append(operand)
+        specs.append(spec)
 
 
 def _refs(refs, names):
@@ -162,12 +177,7 @@ def _forward(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret):
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (batch // bb, heads, length // bq, key_length // bk)
     names, operands, specs = [], [], []
-
-    def add(name, operand, spec):
-        if operand is not None:
-            names.append(name)
-            operands.append(operand)
-            specs.append(spec)
+    add = functools.partial(_add, names, operands, specs)
 
     add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)))
     add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)))
@@ -240,7 +250,7 @@ def _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk):
     return p, ds
 
 
-def _dq_kernel(*refs, names, causal, bb, bq, bk, key_blocks, row_blocks):
+def _dq_kernel(*refs, names, causal, bb, bq, bk, key_blocks):
     r = _refs(refs, names)
     i, b, j = pl.program_id(1), pl.program_id(2), pl.program_id(3)
     with_bias = "dbias" in r
@@ -281,12 +291,7 @@ def _dq_and_dbias(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, 
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (heads, length // bq, batch // bb, key_length // bk)
     names, operands, specs = [], [], []
-
-    def add(name, operand, spec):
-        if operand is not None:
-            names.append(name)
-            operands.append(operand)
-            specs.append(spec)
+    add = functools.partial(_add, names, operands, specs)
 
     add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda h, i, b, j: (b, h, i, 0)))
     add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda h, i, b, j: (b, h, j, 0)))
@@ -313,7 +318,6 @@ def _dq_and_dbias(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, 
         bq=bq,
         bk=bk,
         key_blocks=grid[3],
-        row_blocks=grid[2],
     )
     product = batch * heads * length * key_length
     cost = _cost(
@@ -382,12 +386,7 @@ def _dk_and_dv(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, int
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (batch // bb, heads, key_length // bk, length // bq)
     names, operands, specs = [], [], []
-
-    def add(name, operand, spec):
-        if operand is not None:
-            names.append(name)
-            operands.append(operand)
-            specs.append(spec)
+    add = functools.partial(_add, names, operands, specs)
 
     add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, j, i: (b, h, i, 0)))
     add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, j, i: (b, h, j, 0)))
@@ -533,12 +532,7 @@ def _fused_backward(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (heads, batch // bb, key_length // bk, length // bq)
     names, operands, specs = [], [], []
-
-    def add(name, operand, spec):
-        if operand is not None:
-            names.append(name)
-            operands.append(operand)
-            specs.append(spec)
+    add = functools.partial(_add, names, operands, specs)
 
     add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda h, b, j, i: (b, h, i, 0)))
     add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda h, b, j, i: (b, h, j, 0)))
