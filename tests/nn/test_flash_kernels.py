@@ -29,19 +29,19 @@ def relative(got, want):
     return float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
 
 
-BLOCKS = flash_kernels.Blocks(rows=8, queries=128, keys=128)
-
-
-# (causal, segments, bias, key length): 16 rows in 2 blocks, 2 query blocks, up to 3 key blocks.
+# (causal, segments, bias, key length, one-kernel backward): 16 rows in 2 blocks, 2 query
+# blocks, up to 3 key blocks.
 @pytest.mark.parametrize(
-    "causal, segments, with_bias, keys",
+    "causal, segments, with_bias, keys, fused",
     [
-        (False, "padding", True, 384),  # the encoder: padding, the position bias
-        (True, None, True, 256),  # the decoder: causal, the position bias
-        (False, "packed", False, 384),  # packed rows, no bias (cross-attention)
+        (False, "padding", True, 384, True),  # the encoder: padding, the position bias
+        (False, "padding", True, 384, False),  # the same in two backward kernels
+        (True, None, True, 256, True),  # the decoder: causal, the position bias
+        (False, "packed", False, 384, False),  # packed rows, no bias (cross-attention)
     ],
 )
-def test_the_kernels_compute_attention_and_every_gradient(causal, segments, with_bias, keys):
+def test_the_kernels_compute_attention_and_every_gradient(causal, segments, with_bias, keys, fused):
+    blocks = flash_kernels.Blocks(rows=8, queries=128, keys=128, fused_backward=fused)
     batch, heads, length, head_dim = 16, 2, 256, 32
     rng = jax.random.split(jax.random.PRNGKey(0), 6)
     q = jax.random.normal(rng[0], (batch, heads, length, head_dim))
@@ -68,7 +68,7 @@ def test_the_kernels_compute_attention_and_every_gradient(causal, segments, with
         return objective
 
     def flash(*args):
-        return flash_kernels.flash_attention(*args, blocks=BLOCKS, interpret=True)
+        return flash_kernels.flash_attention(*args, blocks=blocks, interpret=True)
 
     argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
     got_out = flash(q, k, v, bias, q_seg, kv_seg, causal)
