@@ -26,8 +26,9 @@ lanes; the bias comes in as [N, S, L]), and write every output (o, dq, dk, dv, t
 gradient) with its sequence dimension minor, `[B, N, H, L]`: the layout the output projection
 and the input gradients' matmuls read, so XLA no longer copies them into it (the weight
 gradients' products read `[N, H, B, L]` and still get a copy). Compiled for v5e, T5.1.1-base's
-step moved 24.7 GB of such copies per step with `[B, N, L, H]` outputs, 11.4 GB now. Each kernel declares the device-memory bytes it moves,
-blocks fetched again included (`pl.CostEstimate`), which `t2t.aot.cost_model` counts.
+step moved 24.7 GB of such copies per step with `[B, N, L, H]` outputs, 11.4 GB now. Each
+kernel declares the device-memory bytes it moves, blocks fetched again included
+(`pl.CostEstimate`), which `t2t.aot.cost_model` counts.
 
 Masks: segment ids per row (padding as segment 0, which real tokens never share) and a causal
 flag; a masked logit gets -1e10 added, as on the XLA path, so a query that sees no key gets a
