@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from t2t.nn import axes, flash_kernels, layers, masks
+from t2t.nn import axes, layers, masks
 from t2t.nn.config import ATTENTION_IMPLS as IMPLEMENTATIONS
 from t2t.nn.sharding import current_spec
 
@@ -470,6 +470,8 @@ def _flash(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:
     shard. Padding and packing become segment ids (padding is segment 0, which real tokens
     never see)."""
     from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+    from t2t.nn import flash_kernels
 
     batch, length, key_length = q.shape[0], q.shape[1], k.shape[2]
     query_ids, key_ids = _segment_ids(visibility, batch, length, key_length)
