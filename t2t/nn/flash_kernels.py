@@ -135,12 +135,32 @@ def _cost(flops: int, transcendentals: int, *moved) -> pl.CostEstimate:
     )
 
 
-def _add(names, operands, specs, name, operand, spec) -> None:
-    """Appends an optional operand (the bias, the segment ids) with its block spec."""
-    if operand is not None:
+def _inputs(order, geometry, head_dim, **arrays):
+    """The kernels' operands that are present (the bias and the segment ids may be None) with
+    their block specs. `order` maps a point of the kernel's grid to its (row block, head, query
+    block, key block), so every kernel reads each array in the same blocks whatever its grid's
+    order. Returns (names, operands, specs)."""
+    bb, bq, bk = geometry
+    blocks = {  # name -> (block shape, block index from (b, h, i, j))
+        "q": ((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)),
+        "k": ((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)),
+        "v": ((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)),
+        "bias": ((None, bk, bq), lambda b, h, i, j: (h, j, i)),  # transposed: [N, S, L]
+        "q_seg": ((bb, bq), lambda b, h, i, j: (b, i)),
+        "kv_seg": ((bb, bk), lambda b, h, i, j: (b, j)),
+        "do": ((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)),
+        "lse": ((None, bb, bq), lambda b, h, i, j: (h, b, i)),
+        "delta": ((None, bb, bq), lambda b, h, i, j: (h, b, i)),
+    }
+    names, operands, specs = [], [], []
+    for name, array in arrays.items():
+        if array is None:
+            continue
+        shape, index = blocks[name]
         names.append(name)
-        operands.append(operand)
-        specs.append(spec)
+        operands.append(array)
+        specs.append(pl.BlockSpec(shape, lambda *point, index=index: index(*order(*point))))
+    return names, operands, specs
 
 
 def _refs(refs, names):
@@ -193,15 +213,17 @@ def _forward(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret):
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (batch // bb, heads, length // bq, key_length // bk)
-    names, operands, specs = [], [], []
-    add = functools.partial(_add, names, operands, specs)
-
-    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)))
-    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)))
-    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, i, j: (b, h, j, 0)))
-    add("bias", bias, pl.BlockSpec((None, bk, bq), lambda b, h, i, j: (h, j, i)))
-    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda b, h, i, j: (b, i)))
-    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda b, h, i, j: (b, j)))
+    names, operands, specs = _inputs(
+        lambda b, h, i, j: (b, h, i, j),
+        (bb, bq, bk),
+        head_dim,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+    )
     names += ["o", "lse", "m", "l", "acc"]
     kernel = functools.partial(
         _forward_kernel,
@@ -301,18 +323,20 @@ def _dq_and_dbias(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, 
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (heads, length // bq, batch // bb, key_length // bk)
-    names, operands, specs = [], [], []
-    add = functools.partial(_add, names, operands, specs)
-
-    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda h, i, b, j: (b, h, i, 0)))
-    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda h, i, b, j: (b, h, j, 0)))
-    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda h, i, b, j: (b, h, j, 0)))
-    add("bias", bias, pl.BlockSpec((None, bk, bq), lambda h, i, b, j: (h, j, i)))
-    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda h, i, b, j: (b, i)))
-    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda h, i, b, j: (b, j)))
-    add("do", do, pl.BlockSpec((bb, None, bq, head_dim), lambda h, i, b, j: (b, h, i, 0)))
-    add("lse", lse, pl.BlockSpec((None, bb, bq), lambda h, i, b, j: (h, b, i)))
-    add("delta", delta, pl.BlockSpec((None, bb, bq), lambda h, i, b, j: (h, b, i)))
+    names, operands, specs = _inputs(
+        lambda h, i, b, j: (b, h, i, j),
+        (bb, bq, bk),
+        head_dim,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+        do=do,
+        lse=lse,
+        delta=delta,
+    )
     out_specs = [pl.BlockSpec((bb, None, head_dim, bq), lambda h, i, b, j: (b, h, 0, i))]
     out_shape = [jax.ShapeDtypeStruct((batch, heads, head_dim, length), q.dtype)]
     names.append("dq")
@@ -392,18 +416,20 @@ def _dk_and_dv(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, int
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (batch // bb, heads, key_length // bk, length // bq)
-    names, operands, specs = [], [], []
-    add = functools.partial(_add, names, operands, specs)
-
-    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, j, i: (b, h, i, 0)))
-    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, j, i: (b, h, j, 0)))
-    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda b, h, j, i: (b, h, j, 0)))
-    add("bias", bias, pl.BlockSpec((None, bk, bq), lambda b, h, j, i: (h, j, i)))
-    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda b, h, j, i: (b, i)))
-    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda b, h, j, i: (b, j)))
-    add("do", do, pl.BlockSpec((bb, None, bq, head_dim), lambda b, h, j, i: (b, h, i, 0)))
-    add("lse", lse, pl.BlockSpec((None, bb, bq), lambda b, h, j, i: (h, b, i)))
-    add("delta", delta, pl.BlockSpec((None, bb, bq), lambda b, h, j, i: (h, b, i)))
+    names, operands, specs = _inputs(
+        lambda b, h, j, i: (b, h, i, j),
+        (bb, bq, bk),
+        head_dim,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+        do=do,
+        lse=lse,
+        delta=delta,
+    )
     names += ["dk", "dv", "dk_acc", "dv_acc"]
     kernel = functools.partial(
         _dkv_kernel,
@@ -530,18 +556,20 @@ def _fused_backward(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
     grid = (heads, batch // bb, key_length // bk, length // bq)
-    names, operands, specs = [], [], []
-    add = functools.partial(_add, names, operands, specs)
-
-    add("q", q, pl.BlockSpec((bb, None, bq, head_dim), lambda h, b, j, i: (b, h, i, 0)))
-    add("k", k, pl.BlockSpec((bb, None, bk, head_dim), lambda h, b, j, i: (b, h, j, 0)))
-    add("v", v, pl.BlockSpec((bb, None, bk, head_dim), lambda h, b, j, i: (b, h, j, 0)))
-    add("bias", bias, pl.BlockSpec((None, bk, bq), lambda h, b, j, i: (h, j, i)))
-    add("q_seg", q_seg, pl.BlockSpec((bb, bq), lambda h, b, j, i: (b, i)))
-    add("kv_seg", kv_seg, pl.BlockSpec((bb, bk), lambda h, b, j, i: (b, j)))
-    add("do", do, pl.BlockSpec((bb, None, bq, head_dim), lambda h, b, j, i: (b, h, i, 0)))
-    add("lse", lse, pl.BlockSpec((None, bb, bq), lambda h, b, j, i: (h, b, i)))
-    add("delta", delta, pl.BlockSpec((None, bb, bq), lambda h, b, j, i: (h, b, i)))
+    names, operands, specs = _inputs(
+        lambda h, b, j, i: (b, h, i, j),
+        (bb, bq, bk),
+        head_dim,
+        q=q,
+        k=k,
+        v=v,
+        bias=bias,
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+        do=do,
+        lse=lse,
+        delta=delta,
+    )
     kv_spec = pl.BlockSpec((bb, None, head_dim, bk), lambda h, b, j, i: (b, h, 0, j))
     kv_shape = jax.ShapeDtypeStruct((batch, heads, head_dim, key_length), k.dtype)
     out_specs = [
