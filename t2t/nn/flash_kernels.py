@@ -318,7 +318,10 @@ def _dq_kernel(*refs, names, causal, bb, bq, bk, key_blocks):
         r["dq"][...] = r["dq_acc"][...].astype(r["dq"].dtype)
 
 
-def _dq_and_dbias(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret):
+def _dq_and_dbias(arrays, causal, blocks, interpret):
+    q, k, v, bias, q_seg, kv_seg, do, lse, delta = (
+        arrays[n] for n in ("q", "k", "v", "bias", "q_seg", "kv_seg", "do", "lse", "delta")
+    )
     batch, heads, length, head_dim = q.shape
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
@@ -327,15 +330,7 @@ def _dq_and_dbias(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, 
         lambda h, i, b, j: (b, h, i, j),
         (bb, bq, bk),
         head_dim,
-        q=q,
-        k=k,
-        v=v,
-        bias=bias,
-        q_seg=q_seg,
-        kv_seg=kv_seg,
-        do=do,
-        lse=lse,
-        delta=delta,
+        **arrays,
     )
     out_specs = [pl.BlockSpec((bb, None, head_dim, bq), lambda h, i, b, j: (b, h, 0, i))]
     out_shape = [jax.ShapeDtypeStruct((batch, heads, head_dim, length), q.dtype)]
@@ -411,7 +406,10 @@ def _dkv_kernel(*refs, names, causal, bb, bq, bk, query_blocks):
         r["dv"][...] = r["dv_acc"][...].astype(r["dv"].dtype)
 
 
-def _dk_and_dv(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret):
+def _dk_and_dv(arrays, causal, blocks, interpret):
+    q, k, v, bias, q_seg, kv_seg, do, lse, delta = (
+        arrays[n] for n in ("q", "k", "v", "bias", "q_seg", "kv_seg", "do", "lse", "delta")
+    )
     batch, heads, length, head_dim = q.shape
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
@@ -420,15 +418,7 @@ def _dk_and_dv(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, int
         lambda b, h, j, i: (b, h, i, j),
         (bb, bq, bk),
         head_dim,
-        q=q,
-        k=k,
-        v=v,
-        bias=bias,
-        q_seg=q_seg,
-        kv_seg=kv_seg,
-        do=do,
-        lse=lse,
-        delta=delta,
+        **arrays,
     )
     names += ["dk", "dv", "dk_acc", "dv_acc"]
     kernel = functools.partial(
@@ -549,9 +539,12 @@ def _fused_backward_kernel(*refs, names, causal, bb, bq, bk, key_blocks, query_b
         r["dq"][...] = r["dq_acc"][...].astype(r["dq"].dtype)
 
 
-def _fused_backward(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks, interpret):
+def _fused_backward(arrays, causal, blocks, interpret):
     """dq, dk, dv and the bias's gradient in one kernel: each block of scores is recomputed
     once, not once for the queries' gradient and again for the keys'."""
+    q, k, v, bias, q_seg, kv_seg, do, lse, delta = (
+        arrays[n] for n in ("q", "k", "v", "bias", "q_seg", "kv_seg", "do", "lse", "delta")
+    )
     batch, heads, length, head_dim = q.shape
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
@@ -560,15 +553,7 @@ def _fused_backward(q, k, v, bias, q_seg, kv_seg, do, lse, delta, causal, blocks
         lambda h, b, j, i: (b, h, i, j),
         (bb, bq, bk),
         head_dim,
-        q=q,
-        k=k,
-        v=v,
-        bias=bias,
-        q_seg=q_seg,
-        kv_seg=kv_seg,
-        do=do,
-        lse=lse,
-        delta=delta,
+        **arrays,
     )
     kv_spec = pl.BlockSpec((bb, None, head_dim, bk), lambda h, b, j, i: (b, h, 0, j))
     kv_shape = jax.ShapeDtypeStruct((batch, heads, head_dim, key_length), k.dtype)
@@ -673,7 +658,18 @@ def _flash_bwd(causal, blocks, interpret, residuals, do):
     q, k, v, bias, q_seg, kv_seg, o, lse = residuals
     # D = rowsum(do * o), [N, B, L] like lse.
     delta = jnp.einsum("BNLH,BNLH->NBL", do.astype(jnp.float32), o.astype(jnp.float32))
-    args = (q, k, v, _transposed(bias), q_seg, kv_seg, do, lse, delta, causal, blocks, interpret)
+    arrays = dict(
+        q=q,
+        k=k,
+        v=v,
+        bias=_transposed(bias),
+        q_seg=q_seg,
+        kv_seg=kv_seg,
+        do=do,
+        lse=lse,
+        delta=delta,
+    )
+    args = (arrays, causal, blocks, interpret)
     if blocks.fused_backward and _fused_bytes(q, k, blocks) <= FUSED_BACKWARD_BYTES:
         dq, dk, dv, dbias = _fused_backward(*args)
     else:
