@@ -26,7 +26,11 @@ lanes; the bias comes in as [N, S, L]), and write every output (o, dq, dk, dv, t
 gradient) with its sequence dimension minor, `[B, N, H, L]`: the layout the output projection
 and the input gradients' matmuls read, so XLA no longer copies them into it (the weight
 gradients' products read `[N, H, B, L]` and still get a copy). Compiled for v5e, T5.1.1-base's
-step moved 24.7 GB of such copies per step with `[B, N, L, H]` outputs, 11.4 GB now. Each
+step moved 24.7 GB of such copies per step with `[B, N, L, H]` outputs, 11.4 GB now. The
+backward kernels read the output's gradient `do` in the same layout as the output, so
+`D = sum(do * o)` multiplies two arrays of one layout, which XLA fuses into the matmul that
+produces `do` (with `do` as `[B, N, L, H]` it stored a float32 transposed copy of `o` for it,
+3.6 GB per step at T5.1.1-base's 512 tokens on v5e). Each
 kernel declares the device-memory bytes it moves, blocks fetched again included
 (`pl.CostEstimate`), which `t2t.aot.cost_model` counts.
 
@@ -99,9 +103,11 @@ def _mask(q_seg, kv_seg, causal, i, j, bq, bk):
     return jnp.where(visible, 0.0, MASKED)
 
 
-# dot_general dimension numbers: a [x, H] block times a [y, H] block -> [x, y]; and contracting
-# the first dimensions of both, [z, x] and [z, y] -> [x, y].
+# dot_general dimension numbers: a [x, H] block times a [y, H] block -> [x, y]; the product
+# [x, z] [z, y] -> [x, y]; and contracting the first dimensions of both, [z, x] and [z, y] ->
+# [x, y].
 _ROWS_BY_ROWS = (((1,), (1,)), ((), ()))
+_BY = (((1,), (0,)), ((), ()))
 _FIRST_BY_FIRST = (((0,), (0,)), ((), ()))
 _FIRST_BY_SECOND = (((0,), (1,)), ((), ()))
 
@@ -148,7 +154,7 @@ def _inputs(order, geometry, head_dim, **arrays):
         "bias": ((None, bk, bq), lambda b, h, i, j: (h, j, i)),  # transposed: [N, S, L]
         "q_seg": ((bb, bq), lambda b, h, i, j: (b, i)),
         "kv_seg": ((bb, bk), lambda b, h, i, j: (b, j)),
-        "do": ((bb, None, bq, head_dim), lambda b, h, i, j: (b, h, i, 0)),
+        "do": ((bb, None, head_dim, bq), lambda b, h, i, j: (b, h, 0, i)),  # transposed
         "lse": ((None, bb, bq), lambda b, h, i, j: (h, b, i)),
         "delta": ((None, bb, bq), lambda b, h, i, j: (h, b, i)),
     }
@@ -282,7 +288,7 @@ def _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk):
     mask = _mask(q_seg, kv_seg, causal, i, j, bq, bk)
     s = _scores(r["q"][row], r["k"][row], bias, mask)
     p = jnp.exp(s - r["lse"][row][None, :])  # [bk, bq]
-    dp = _dot(r["v"][row], r["do"][row], _ROWS_BY_ROWS)  # (do v^T)^T
+    dp = _dot(r["v"][row], r["do"][row], _BY)  # (do v^T)^T = v do^T
     ds = p * (dp - r["delta"][row][None, :])
     return p, ds
 
@@ -397,7 +403,7 @@ def _dkv_kernel(*refs, names, causal, bb, bq, bk, query_blocks):
     for row in range(bb):
         p, ds = _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk)
         # dv^T [H, bk] += do^T p, dk^T [H, bk] += q^T ds
-        r["dv_acc"][row] += _dot(r["do"][row], p.astype(r["do"].dtype), _FIRST_BY_SECOND)
+        r["dv_acc"][row] += _dot(r["do"][row], p.astype(r["do"].dtype), _ROWS_BY_ROWS)
         r["dk_acc"][row] += _dot(r["q"][row], ds.astype(r["q"].dtype), _FIRST_BY_SECOND)
 
     @pl.when(i == query_blocks - 1)
@@ -406,10 +412,23 @@ def _dkv_kernel(*refs, names, causal, bb, bq, bk, query_blocks):
         r["dv"][...] = r["dv_acc"][...].astype(r["dv"].dtype)
 
 
-def _dk_and_dv(arrays, causal, blocks, interpret):
-    q, k, v, bias, q_seg, kv_seg, do, lse, delta = (
-        arrays[n] for n in ("q", "k", "v", "bias", "q_seg", "kv_seg", "do", "lse", "delta")
+def _key_major_reads(arrays, row_blocks, key_blocks):
+    """What a backward kernel that walks every query block for each key block reads, as
+    `_cost`'s (times, array) pairs: the keys and values once, the queries' arrays once per key
+    block, the bias once per block of rows."""
+    heads = arrays["q"].shape[1]
+    return (
+        (1, arrays["k"]),
+        (1, arrays["v"]),
+        *((key_blocks, arrays[name]) for name in ("q", "do", "lse", "delta")),
+        (row_blocks, arrays["bias"]),
+        (heads * key_blocks, arrays["q_seg"]),
+        (heads, arrays["kv_seg"]),
     )
+
+
+def _dk_and_dv(arrays, causal, blocks, interpret):
+    q, k = arrays["q"], arrays["k"]
     batch, heads, length, head_dim = q.shape
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
@@ -436,17 +455,8 @@ def _dk_and_dv(arrays, causal, blocks, interpret):
     cost = _cost(
         8 * product * head_dim,
         product,
-        (1, k),
-        (1, v),
-        (grid[2], q),
-        (grid[2], do),
-        (grid[2], lse),
-        (grid[2], delta),
-        (grid[0], bias),
-        (heads * grid[2], q_seg),
-        (heads, kv_seg),
-        (1, k),
-        (1, v),
+        *_key_major_reads(arrays, row_blocks=grid[0], key_blocks=grid[2]),
+        (2, kv_shape),  # dk and dv, written once
     )
     return pl.pallas_call(
         kernel,
@@ -521,7 +531,7 @@ def _fused_backward_kernel(*refs, names, causal, bb, bq, bk, key_blocks, query_b
     for row in range(bb):
         p, ds = _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk)
         # dv^T [H, bk] += do^T p; dk^T [H, bk] += q^T ds; dq^T [H, bq] += k^T ds^T
-        r["dv_acc"][row] += _dot(r["do"][row], p.astype(r["do"].dtype), _FIRST_BY_SECOND)
+        r["dv_acc"][row] += _dot(r["do"][row], p.astype(r["do"].dtype), _ROWS_BY_ROWS)
         r["dk_acc"][row] += _dot(r["q"][row], ds.astype(r["q"].dtype), _FIRST_BY_SECOND)
         r["dq_acc"][row, :, queries] += _dot(r["k"][row], ds.astype(r["k"].dtype), _FIRST_BY_FIRST)
         ds_sum = ds if ds_sum is None else ds_sum + ds
@@ -542,9 +552,7 @@ def _fused_backward_kernel(*refs, names, causal, bb, bq, bk, key_blocks, query_b
 def _fused_backward(arrays, causal, blocks, interpret):
     """dq, dk, dv and the bias's gradient in one kernel: each block of scores is recomputed
     once, not once for the queries' gradient and again for the keys'."""
-    q, k, v, bias, q_seg, kv_seg, do, lse, delta = (
-        arrays[n] for n in ("q", "k", "v", "bias", "q_seg", "kv_seg", "do", "lse", "delta")
-    )
+    q, k, bias = arrays["q"], arrays["k"], arrays["bias"]
     batch, heads, length, head_dim = q.shape
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
@@ -577,15 +585,7 @@ def _fused_backward(arrays, causal, blocks, interpret):
     cost = _cost(
         10 * product * head_dim,
         product,
-        (1, k),
-        (1, v),
-        (grid[2], q),
-        (grid[2], do),
-        (grid[2], lse),
-        (grid[2], delta),
-        (grid[1], bias),
-        (heads * grid[2], q_seg),
-        (heads, kv_seg),
+        *_key_major_reads(arrays, row_blocks=grid[1], key_blocks=grid[2]),
         *((1, o) for o in out_shape),
     )
     kernel = functools.partial(
@@ -650,14 +650,16 @@ def _transposed(x: jax.Array | None) -> jax.Array | None:
 
 def _flash_fwd(q, k, v, bias, q_seg, kv_seg, causal, blocks, interpret):
     o_t, lse = _forward(q, k, v, _transposed(bias), q_seg, kv_seg, causal, blocks, interpret)
-    o = _transposed(o_t)
-    return o, (q, k, v, bias, q_seg, kv_seg, o, lse)
+    return _transposed(o_t), (q, k, v, bias, q_seg, kv_seg, o_t, lse)
 
 
 def _flash_bwd(causal, blocks, interpret, residuals, do):
-    q, k, v, bias, q_seg, kv_seg, o, lse = residuals
-    # D = rowsum(do * o), [N, B, L] like lse.
-    delta = jnp.einsum("BNLH,BNLH->NBL", do.astype(jnp.float32), o.astype(jnp.float32))
+    q, k, v, bias, q_seg, kv_seg, o_t, lse = residuals
+    # The kernels read do transposed, [B, N, H, L] like o: D = rowsum(do * o) ([N, B, L] like
+    # lse) is then an elementwise product of two arrays in one layout, which XLA computes in
+    # the epilogue of the matmul that produces do, with no copy of either.
+    do = _transposed(do)
+    delta = jnp.sum(do.astype(jnp.float32) * o_t.astype(jnp.float32), axis=2).swapaxes(0, 1)
     arrays = dict(
         q=q,
         k=k,
