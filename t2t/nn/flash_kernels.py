@@ -489,8 +489,8 @@ FUSED_BACKWARD_BYTES = 12 * 2**20
 def _fused_bytes(q, k, blocks: Blocks) -> int:
     """On-chip bytes the one-kernel backward holds: the head's [S, L] float32 bias gradient, a
     block of rows' [bb, H, L] query gradient (float32 and its output), the keys' and values'
-    accumulators, outputs and input blocks, each double-buffered where it is an operand; input
-    blocks have the head dimension minor, padded to 128 lanes."""
+    accumulators, outputs and input blocks, each double-buffered where it is an operand; q, k
+    and v blocks have the head dimension minor, padded to 128 lanes (do's has the queries)."""
     _, _, length, head_dim = q.shape
     key_length = k.shape[2]
     bb, bq, bk = _geometry(q, k, blocks)
@@ -499,7 +499,8 @@ def _fused_bytes(q, k, blocks: Blocks) -> int:
         2 * length * key_length * 4  # dbias
         + bb * head_dim * length * (4 + 2 * size)  # dq: accumulator and output
         + 2 * bb * head_dim * bk * (4 + 2 * size)  # dk, dv: accumulators and outputs
-        + 2 * 2 * bb * bq * lanes * size  # q, do
+        + 2 * bb * bq * lanes * size  # q
+        + 2 * bb * head_dim * bq * size  # do, transposed
         + 2 * 2 * bb * bk * lanes * size  # k, v
         + 2 * bq * bk * size  # the bias block
     )
