@@ -708,15 +708,16 @@ def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
 
 
 def child(job: dict, args) -> dict:
+    smoke = job.get("smoke", False) or args.smoke  # the parent passes it in the job
     if job["kind"] == "t2t":
         return run_t2t(
-            job, args.steps, args.warmup, args.smoke, os.path.dirname(os.path.abspath(args.out))
+            job, args.steps, args.warmup, smoke, os.path.dirname(os.path.abspath(args.out))
         )
     if job["kind"] == "hf":
-        return run_hf(job, args.steps, args.warmup, args.smoke)
+        return run_hf(job, args.steps, args.warmup, smoke)
     if job["kind"] == "check":
-        return run_check(job, args.smoke)
-    return run_sites(job, args.smoke)
+        return run_check(job, smoke)
+    return run_sites(job, smoke)
 
 
 def _summarize(result: dict) -> dict:

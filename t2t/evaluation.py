@@ -265,15 +265,11 @@ def _check_vocabularies(model: models.BaseModel, names: Sequence[str]) -> None:
     from t2t.data import registry
 
     for name in names:
-        for task in seqio.get_subtasks(registry.get_task_or_mixture(name)):
-            for feature_name, feature in task.output_features.items():
-                size = feature.vocabulary.vocab_size
-                if size > model.config.vocab_size:
-                    raise ValueError(
-                        f"Task {task.name}'s {feature_name!r} vocabulary has {size} ids but the "
-                        f"model's embedding only {model.config.vocab_size}; evaluate with the "
-                        "vocabulary the model was trained with."
-                    )
+        registry.check_vocabulary_fits(
+            registry.get_task_or_mixture(name),
+            model.config.vocab_size,
+            fix="Evaluate with the vocabulary the model was trained with.",
+        )
 
 
 # -- reporting -----------------------------------------------------------------------------------

@@ -158,3 +158,26 @@ def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = Fals
                     "(some datasets need a manual download first; `tfds build` says which), "
                     "then pass --tfds_data_dir=DIR (or set $TFDS_DATA_DIR=DIR)."
                 )
+
+
+def check_vocabulary_fits(
+    provider: seqio.Task | seqio.Mixture, vocab_size: int, *, fix: str
+) -> None:
+    """Checks that an embedding of `vocab_size` rows has a row for every id `provider`'s tasks
+    can produce. Without it, an id past the last row reads NaN from the embedding (JAX's
+    out-of-bounds gather) and the first step's loss is NaN, with nothing saying why.
+
+    Raises:
+      UserError: a feature's vocabulary has more ids than `vocab_size`; the message names the
+        task, the feature and both sizes, then says `fix`.
+    """
+    from t2t.errors import UserError
+
+    for task in seqio.get_subtasks(provider):
+        for name, feature in task.output_features.items():
+            size = feature.vocabulary.vocab_size
+            if size > vocab_size:
+                raise UserError(
+                    f"Task {task.name}'s {name!r} vocabulary has {size} ids but the model's "
+                    f"embedding only {vocab_size} rows. {fix}"
+                )

@@ -169,6 +169,7 @@ def _train(run: _Run) -> dict[str, Any]:
     import_task_modules((), [run.data.mixture_or_task, *run.evaluation.tasks])
     use_carried_vocabulary(run.model_dir, run.init_checkpoint)
     config = resolve_model_config(run.model_config, run.init_checkpoint)
+    _check_vocabularies(run, config)
     model = run.model_fn(config)
     partitioner = partitioning.make_partitioner(*run.mesh_shape, mode=run.sharding_mode)
     if jax.process_index() == 0:
@@ -197,6 +198,28 @@ def _train(run: _Run) -> dict[str, Any]:
         trainer.close()
     write_run_files(run.model_dir, config)  # now with everything the run used
     return {**summary, "predictions": shown}
+
+
+def _check_vocabularies(run: _Run, config: TransformerConfig) -> None:
+    """Before any data is read: the training and evaluation tasks can be read offline, and the
+    model's embedding has a row for every id their vocabularies produce."""
+    from t2t.data import registry
+
+    if run.model_config is not None:
+        fix = (
+            "Give the model at least that many (gin: t2t.nn.get_preset.vocab_size = N, a "
+            "multiple of 128 is fastest) or train on tasks tokenized with a smaller vocabulary."
+        )
+    else:
+        fix = (
+            f"The network comes from {run.init_checkpoint}: train on tasks tokenized with the "
+            "vocabulary it was trained with (its model directory carries it as spiece.model)."
+        )
+    names = [run.data.mixture_or_task, *run.evaluation.tasks]
+    for position, name in enumerate(names):
+        provider = registry.get_task_or_mixture(name)
+        registry.check_ready(provider, use_cached=run.data.use_cached and position == 0)
+        registry.check_vocabulary_fits(provider, config.vocab_size, fix=fix)
 
 
 def _network_line(config: TransformerConfig, partitioner, lengths) -> str:

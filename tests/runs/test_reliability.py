@@ -428,6 +428,35 @@ def test_resuming_with_another_network_or_batch_is_refused(runs, tmp_path, capsy
     assert model_dir_lib.ModelDir(run).steps() == [3, 6]  # nothing was written
 
 
+def test_an_embedding_smaller_than_the_vocabulary_is_refused_before_any_step(tmp_path, capsys):
+    # Without the check, ids past the embedding's last row read NaN and the run stopped at its
+    # first step blaming the learning rate.
+    run = tmp_path / "run"
+    _fails(
+        _argv(run, 3, "--gin.t2t.nn.get_preset.vocab_size=1024"),
+        capsys,
+        "Task builtin_span_corruption's 'inputs' vocabulary has 2048 ids but the model's "
+        "embedding only 1024 rows",
+        "t2t.nn.get_preset.vocab_size",
+    )
+    assert os.listdir(run) == []  # nothing was written (the lock made the directory)
+    # A network taken from a checkpoint is fixed: the fix is the checkpoint's vocabulary.
+    from types import SimpleNamespace
+
+    from t2t.errors import UserError
+    from t2t.runs import train_run
+
+    from_checkpoint = SimpleNamespace(
+        model_config=None,
+        init_checkpoint="gs://bucket/small_run",
+        data=SimpleNamespace(mixture_or_task="builtin_span_corruption", use_cached=False),
+        evaluation=SimpleNamespace(tasks=["builtin_span_corruption"]),
+    )
+    with pytest.raises(UserError, match="comes from gs://bucket/small_run: train on tasks"):
+        train_run._check_vocabularies(from_checkpoint, SimpleNamespace(vocab_size=512))
+    train_run._check_vocabularies(from_checkpoint, SimpleNamespace(vocab_size=2048))  # fits
+
+
 def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, capsys):
     run = tmp_path / "run"
     for value in ("0", "-3"):
