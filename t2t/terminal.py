@@ -35,6 +35,11 @@ def error_message(error: BaseException) -> str:
 
 
 _T2T_DIR = os.path.dirname(os.path.abspath(__file__))
+# The project's packages, installed side by side: their ValueErrors are its own checks.
+_OWN_DIRS = tuple(
+    os.path.join(os.path.dirname(_T2T_DIR), name) + os.sep
+    for name in ("t2t", "preprocessors", "c4_pipeline")
+)
 # Libraries whose ValueErrors describe the user's input (a gin binding naming nothing, a flag).
 _USER_FACING = ("gin", "argparse")
 
@@ -43,8 +48,9 @@ def is_user_error(error: BaseException) -> bool:
     """Whether an error is bad input (exit 2, a message) rather than a bug (exit 1, the stack).
 
     Bad input: a `UserError`; an `OSError` (a path, a permission, a full disk); a `ValueError`
-    raised by t2t's own checks or by gin. A `ValueError` raised inside JAX, NumPy, TensorFlow,
-    Orbax or seqio that t2t did not turn into a message is a bug (of t2t's checks at least).
+    raised by the project's own checks (`t2t`, `preprocessors`, `c4_pipeline`) or by gin. A
+    `ValueError` raised inside JAX, NumPy, TensorFlow, Orbax or seqio that t2t did not turn
+    into a message is a bug (of t2t's checks at least).
     """
     if isinstance(error, (UserError, OSError)):
         return True
@@ -60,7 +66,7 @@ def is_user_error(error: BaseException) -> bool:
     if last is None:
         return True
     last = os.path.abspath(last)
-    if last.startswith(_T2T_DIR + os.sep):
+    if last.startswith(_OWN_DIRS):
         return True
     module = last.split("site-packages" + os.sep, 1)[-1].split(os.sep, 1)[0]
     return module in _USER_FACING

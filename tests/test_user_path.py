@@ -125,6 +125,13 @@ def test_bugs_are_told_apart_from_bad_input(monkeypatch, capsys):
     assert terminal.is_user_error(OSError("disk full"))
     assert not terminal.is_user_error(KeyError("k"))
 
+    # The project's preprocessors check their arguments too (raised inside seqio's pipeline).
+    from preprocessors import noise
+
+    with pytest.raises(ValueError, match="needs a targets length of 22222") as raised:
+        noise.random_spans_helper(100000, 0.15, 3.0, targets_length=32)
+    assert terminal.is_user_error(raised.value)
+
 
 @pytest.fixture
 def seqio_cache_dirs():
