@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,6 +17,7 @@ import jax
 import optax
 
 from t2t import models
+from t2t.errors import UserError
 from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
 from t2t.runs.externals import EXTERNALS
@@ -159,6 +162,27 @@ class _Run:
         )
         for name in ("num_microbatches", "log_every"):
             options.check_count(f"t2t.runs.train.{name}", getattr(self, name), (False, False))
+        _check_learning_rate(self.learning_rate, self.train_steps)
+
+
+def _check_learning_rate(rate: optax.Schedule | float, train_steps: int) -> None:
+    """A constant must be positive; a schedule must give finite, non-negative rates at the
+    first and the last step (a negative rate climbs the loss, and nothing else would say so)."""
+    example = "e.g. --gin.t2t.runs.train.learning_rate=1e-3 or @t2t.optim.inverse_sqrt()"
+    if callable(rate):
+        for step in (0, train_steps):
+            value = float(rate(step))
+            if not math.isfinite(value) or value < 0:
+                raise UserError(
+                    f"t2t.runs.train.learning_rate is a schedule whose rate at step {step} is "
+                    f"{value}; it must be finite and non-negative ({example})."
+                )
+        return
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 < rate < math.inf:
+        raise UserError(
+            f"t2t.runs.train.learning_rate must be a positive number or a schedule; got "
+            f"{rate!r} ({type(rate).__name__}), {example}."
+        )
 
 
 def _train(run: _Run) -> dict[str, Any]:

@@ -472,6 +472,17 @@ def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, cap
         capsys,
         "t2t.runs.train.log_every must be a positive int; got 0",
     )
+    _fails(  # a negative rate climbs the loss with nothing saying why
+        _argv(run, 9, "--gin.t2t.runs.train.learning_rate=-1e-3"),
+        capsys,
+        "t2t.runs.train.learning_rate must be a positive number or a schedule; got -0.001",
+    )
+    _fails(
+        _argv(run, 9, "--gin.t2t.optim.inverse_sqrt.scale=-1.0"),
+        capsys,
+        "is a schedule whose rate at step 0 is -0.0316",
+        "must be finite and non-negative",
+    )
     unbalanced = tmp_path / "unbalanced.gin"
     unbalanced.write_text(
         f"include '{DEMO.removeprefix('gin/')}'\nt2t.runs.train.log_every = (10\n"
