@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import jax
 
 from t2t.aot import cost_model
+from t2t.errors import UserError
 
 GIB = 2**30
 
@@ -277,13 +278,20 @@ def tpu_target(topology: str) -> Target:
     # chip either, so several processes may compile at once (libtpu locks the chips otherwise).
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    description = topologies.get_topology_desc(
-        topology_name=topology,
-        platform="tpu",
-        chip_config_name="megacore" if generation in _MEGACORE else "default",
-        chips_per_host_bounds=_host_bounds(dims),
-        num_slices=1,
-    )
+    try:
+        description = topologies.get_topology_desc(
+            topology_name=topology,
+            platform="tpu",
+            chip_config_name="megacore" if generation in _MEGACORE else "default",
+            chips_per_host_bounds=_host_bounds(dims),
+            num_slices=1,
+        )
+    except jax.errors.JaxRuntimeError as error:  # a shape libtpu has no slice of
+        raise UserError(
+            f"libtpu has no TPU slice {topology!r}: {str(error).strip()}. Slices are boards of "
+            "2x2 chips (v5e:2x4, v5e:4x4, v4:2x2x2, v5p:4x4x8, ...), or a single chip "
+            "(v5e:1x1)."
+        ) from None
     devices = list(description.devices)
     hosts = len({d.process_index for d in devices})
     return Target(topology, devices, CHIPS[generation], len(devices) // hosts)

@@ -137,6 +137,25 @@ def test_topology_names_are_checked():
         targets.parse_topology("v9:2x2")
 
 
+def test_a_slice_shape_libtpu_has_none_of_is_a_message(monkeypatch):
+    import types
+
+    from jax.experimental import topologies
+
+    from t2t.errors import UserError
+
+    def no_such_slice(**kwargs):  # what libtpu answers for v5e:3x3
+        raise jax.errors.JaxRuntimeError(
+            'INVALID_ARGUMENT: Topology layout "v5e:3x3" is not divisible by the given (or '
+            'default) chips_per_host_bounds "2x2x1"'
+        )
+
+    monkeypatch.setitem(sys.modules, "libtpu", types.ModuleType("libtpu"))
+    monkeypatch.setattr(topologies, "get_topology_desc", no_such_slice)
+    with pytest.raises(UserError, match="libtpu has no TPU slice 'v5e:3x3': INVALID_ARGUMENT"):
+        targets.tpu_target("v5e:3x3")
+
+
 @pytest.mark.parametrize(
     "name, gpu", [("h100", True), ("h200:8", True), ("H100:4x8", True), ("v5e:4x4", False)]
 )
