@@ -130,6 +130,7 @@ def train(
         progress=progress,
     )
     partitioning.initialize_distributed()
+    _check_learning_rate(run.learning_rate, run.train_steps)
     with lock.hold(model_dir):  # one writer per model directory; fails fast when held
         return _train(run)
 
@@ -162,12 +163,13 @@ class _Run:
         )
         for name in ("num_microbatches", "log_every"):
             options.check_count(f"t2t.runs.train.{name}", getattr(self, name), (False, False))
-        _check_learning_rate(self.learning_rate, self.train_steps)
 
 
 def _check_learning_rate(rate: optax.Schedule | float, train_steps: int) -> None:
     """A constant must be positive; a schedule must give finite, non-negative rates at the
-    first and the last step (a negative rate climbs the loss, and nothing else would say so)."""
+    first and the last step (a negative rate climbs the loss, and nothing else would say so).
+    Evaluating a schedule runs JAX, so this comes after `jax.distributed.initialize` (and
+    before the model directory is made)."""
     example = "e.g. --gin.t2t.runs.train.learning_rate=1e-3 or @t2t.optim.inverse_sqrt()"
     if callable(rate):
         for step in (0, train_steps):
