@@ -10,6 +10,7 @@ from typing import Any
 import seqio
 
 from t2t import models
+from t2t.errors import UserError
 from t2t.inference.files import (
     DEFAULT_INPUTS_LENGTH,
     count_longer,
@@ -61,7 +62,7 @@ def infer(
       The number of records written.
     """
     from t2t.checkpoints import model_dir as model_dir_lib
-    from t2t.data import vocab
+    from t2t.data import registry, vocab
 
     check_mode(mode)
     if (input_file is None) == (task is None):
@@ -72,9 +73,15 @@ def infer(
     predictor = Predictor(
         models.model_for(loaded.config), partitioner=partitioner, **predictor_options
     )
+    vocab_size = loaded.config.vocab_size
     if task is not None:
         if bool(inputs_length) != bool(targets_length):
             raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")
+        provider = registry.get_task_or_mixture(task)
+        registry.check_ready(provider)
+        registry.check_vocabulary_fits(
+            provider, vocab_size, fix="Infer on tasks tokenized with the model's vocabulary."
+        )
         lengths = {"inputs": inputs_length, "targets": targets_length} if inputs_length else None
         records = task_records(
             predictor,
@@ -91,6 +98,12 @@ def infer(
         if vocabulary_file
         else _checkpoint_vocabulary(loaded, model_dir, checkpoints)
     )
+    if vocabulary_file and vocabulary.vocab_size > vocab_size:  # ids past the embedding: NaN
+        raise UserError(
+            f"The vocabulary {vocabulary_file} has {vocabulary.vocab_size} ids but the model's "
+            f"embedding only {vocab_size} rows. Pass the vocabulary the model was trained "
+            "with (or none: its model directory carries it)."
+        )
     examples = read_examples(input_file)[:num_examples]
     # Without lengths, cut to what the model trained on: one 100k-character line must not ask
     # for an unbounded batch.

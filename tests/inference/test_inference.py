@@ -12,7 +12,7 @@ import seqio
 from t2t import cli, inference, models
 from t2t.checkpoints import model_dir as model_dir_lib
 
-from .conftest import uncached_greedy, write_model_dir
+from .conftest import random_params, tiny_config, uncached_greedy, write_model_dir
 
 TEXTS = [
     ("The quick brown fox jumps over the lazy dog.", "A fox."),
@@ -199,6 +199,41 @@ def test_task_records_carry_task_inputs_targets(predictor, model, params_a, voca
     np.testing.assert_allclose(
         [r["score"] for r in scored], [r["score"] for r in direct], rtol=1e-5
     )
+
+
+def test_a_vocabulary_larger_than_the_embedding_is_refused(
+    vocabulary, vocabulary_file, tmp_path, capsys
+):
+    # Ids past the embedding's last row read NaN: every prediction and score would be garbage.
+    from t2t.data.tasks import text
+
+    config = tiny_config(vocab_size=256)  # the vocabulary has 512 ids
+    small = write_model_dir(tmp_path / "small", config, {1: random_params(config, 0)}, None)
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_jsonl(source)
+    name = "infer_test_large_vocabulary"
+    seqio.TaskRegistry.remove(name)
+    seqio.TaskRegistry.add(
+        name,
+        source=seqio.TextLineDataSource({"validation": str(source)}),
+        preprocessors=[],
+        output_features=text.output_features(vocabulary),
+    )
+    common = ["infer", "--gin_file=gin/runs/infer.gin", f"--gin.MODEL_DIR='{small}'"]
+    for flags, expected in (
+        (
+            [f"--input_file={source}", f"--vocabulary_file={vocabulary_file}"],
+            f"The vocabulary {vocabulary_file} has 512 ids but the model's embedding only 256",
+        ),
+        (
+            [f"--task={name}"],
+            f"Task {name}'s 'inputs' vocabulary has 512 ids but the model's embedding only 256",
+        ),
+    ):
+        assert cli.main([*common, *flags, f"--output_file={output}"]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, err
+        assert not output.exists()
 
 
 @pytest.mark.parametrize(
