@@ -107,7 +107,7 @@ def _mask(q_seg, kv_seg, causal, i, j, bq, bk):
 # [x, z] [z, y] -> [x, y]; and contracting the first dimensions of both, [z, x] and [z, y] ->
 # [x, y].
 _ROWS_BY_ROWS = (((1,), (1,)), ((), ()))
-_BY = (((1,), (0,)), ((), ()))
+_PRODUCT = (((1,), (0,)), ((), ()))
 _FIRST_BY_FIRST = (((0,), (0,)), ((), ()))
 _FIRST_BY_SECOND = (((0,), (1,)), ((), ()))
 
@@ -288,7 +288,7 @@ def _probabilities_and_ds(r, row, bias, causal, i, j, bq, bk):
     mask = _mask(q_seg, kv_seg, causal, i, j, bq, bk)
     s = _scores(r["q"][row], r["k"][row], bias, mask)
     p = jnp.exp(s - r["lse"][row][None, :])  # [bk, bq]
-    dp = _dot(r["v"][row], r["do"][row], _BY)  # (do v^T)^T = v do^T
+    dp = _dot(r["v"][row], r["do"][row], _PRODUCT)  # (do v^T)^T = v do^T
     ds = p * (dp - r["delta"][row][None, :])
     return p, ds
 
