@@ -10,8 +10,8 @@ program instead (`t2t.aot.hlo`) and counts, for each kernel the device will run:
   results (a Pallas kernel's own count where it declares one: `pl.CostEstimate`, its blocks'
   re-reads included). Only arrays in device memory (HBM) count: on TPUs, operands the compiler
   staged in on-chip memory (`S(1)`) are counted once, by the copy that staged them. An operand a
-  fusion only slices (a loop reading one layer of a stacked array) counts the slice; an array
-  updated in place counts the update.
+  fusion only slices (a loop reading one layer of a stacked array), itself or in a fusion nested
+  in it, counts the slice; an array updated in place counts the update.
 - **how often**: a loop body counts as many times as the loop runs (the trip count the compiler
   knows, or the bound of the loop's condition), a conditional its most expensive branch.
 - **matmul or not**: a kernel that holds a matmul (dot, convolution, a GEMM or fused-attention
@@ -204,10 +204,9 @@ def _fusion_bytes(module: hlo.Module, fusion: hlo.Instruction, outer: hlo.Comput
             continue
         param = params.get(index)
         users = _through_views(fused, param.name) if param is not None else []
-        if users and all(
-            u.opcode in _SLICING and u.operands[0] in _view_names(fused, param.name) for u in users
-        ):
-            total += sum(_array_bytes(u.shape) for u in users)  # the slices read
+        sliced = _slice_reads(module, fused, param.name) if param is not None else None
+        if sliced is not None:
+            total += sliced  # the slices read
         elif users and all(
             u.opcode == "dynamic-update-slice" and u.operands[0] in _view_names(fused, param.name)
             for u in users
@@ -216,6 +215,34 @@ def _fusion_bytes(module: hlo.Module, fusion: hlo.Instruction, outer: hlo.Comput
         else:
             total += hlo.device_memory_bytes(shape)
     return total + _result_bytes(fused, fusion.shape, in_place)
+
+
+def _slice_reads(module: hlo.Module, fused: hlo.Computation, name: str) -> float | None:
+    """The bytes a fusion reads of its operand `name` when every use slices it (looking through
+    views and into nested fusions: TPU matmul fusions slice a stacked loop operand inside a
+    fusion of their own); None when some use reads it whole."""
+    views = _view_names(fused, name)
+    users = _through_views(fused, name)
+    if not users:
+        return None
+    total = 0.0
+    for user in users:
+        if user.opcode in _SLICING and user.operands[0] in views:
+            total += _array_bytes(user.shape)
+            continue
+        inner = module.computations.get(user.called.get("calls", ""))
+        if user.opcode != "fusion" or inner is None:
+            return None
+        params = {i.parameter_index: i for i in inner.instructions if i.opcode == "parameter"}
+        for position, operand in enumerate(user.operands):
+            if operand not in views:
+                continue
+            param = params.get(position)
+            read = None if param is None else _slice_reads(module, inner, param.name)
+            if read is None:
+                return None
+            total += read
+    return total
 
 
 def _array_bytes(shape: str) -> int:

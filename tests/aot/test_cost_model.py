@@ -124,6 +124,40 @@ def test_the_worked_example_counts_every_kernel():
     assert found.not_modeled == []
 
 
+def test_a_slice_taken_inside_a_nested_fusion_counts_as_the_slice():
+    # TPU matmul fusions take a stacked loop operand whole and slice it in a fusion of their
+    # own; counted whole, a backward loop over 12 layers read each stacked residual 12 times.
+    nested = PROGRAM.replace(
+        """  %dynamic-slice.1 = bf16[1,128,128]{2,1,0} dynamic-slice(%param_0.1, %param_1.1, %constant.0, %constant.0), dynamic_slice_sizes={1,128,128}
+  %bitcast.1 = bf16[128,128]{1,0} bitcast(%dynamic-slice.1)
+""",
+        """  %bitcast.1 = bf16[128,128]{1,0} fusion(%param_0.1, %param_1.1), kind=kLoop, calls=%fused_slice
+""",
+    ).replace(
+        "%fused_dot (",
+        """%fused_slice (param_0.9: bf16[12,128,128], param_1.9: s32[]) -> bf16[128,128] {
+  %param_0.9 = bf16[12,128,128]{2,1,0} parameter(0)
+  %param_1.9 = s32[] parameter(1)
+  %constant.9 = s32[] constant(0)
+  %dynamic-slice.9 = bf16[1,128,128]{2,1,0} dynamic-slice(%param_0.9, %param_1.9, %constant.9, %constant.9), dynamic_slice_sizes={1,128,128}
+  ROOT %bitcast.9 = bf16[128,128]{1,0} bitcast(%dynamic-slice.9)
+}
+
+%fused_dot (""",
+    )
+    assert "fused_slice" in nested and "dynamic-slice.1" not in nested
+    by_name = {k.name: k for k in cost_model.traffic(nested).kernels}
+    assert by_name["fusion.2"].bytes == 12 * (32768 + 4 + 131072 + 131072)
+    # Read whole inside the nested fusion (a sum over every layer), it counts whole.
+    whole = nested.replace(
+        "ROOT %bitcast.9 = bf16[128,128]{1,0} bitcast(%dynamic-slice.9)",
+        "%sum.9 = bf16[128,128]{1,0} reduce(%param_0.9, %constant.9), dimensions={0}, "
+        "to_apply=%add\n  ROOT %bitcast.9 = bf16[128,128]{1,0} bitcast(%sum.9)",
+    )
+    by_name = {k.name: k for k in cost_model.traffic(whole).kernels}
+    assert by_name["fusion.2"].bytes == 12 * (12 * 32768 + 4 + 131072 + 131072)
+
+
 def test_the_estimate_adds_other_kernels_to_the_matmuls_or_their_traffic():
     rates = cost_model.Rates(matmul_flops_per_second=1e12, bytes_per_second=1e9)
     matmul_bytes, other_bytes = 12 * 294916, 6166768 - 12 * 294916
