@@ -467,6 +467,24 @@ def _chosen(records: dict, preset: str, batch: int, generation: str):
     return chosen, shown
 
 
+def refresh(results: Results, presets, batches, generations, policies) -> None:
+    """Compiles again the record each cell chose where its remat policy is one of `policies`
+    (after a change to the network or the cost model that leaves the search's answer
+    standing); a cell whose record no longer fits falls back to what else was compiled."""
+    for batch in batches:
+        for preset in presets:
+            for generation in generations:
+                found = _chosen(results.records, preset, batch, generation)
+                if not isinstance(found, tuple) or found[0]["remat_policy"] not in policies:
+                    continue
+                record = found[0]
+                del results.records[record["key"]]
+                settings = {
+                    k: record[k] for k in ("sharding_mode", "remat_policy", "num_microbatches")
+                }
+                compile_one(results, preset, batch, record["topology"], settings)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default=",".join(PRESETS))
@@ -480,6 +498,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--extras", action="store_true", help="only the extra measurements")
     parser.add_argument("--markdown", action="store_true", help="only print the tables")
+    parser.add_argument(
+        "--refresh",
+        default="",
+        help="remat policies (comma-separated): compile again each cell's chosen record that "
+        "uses one, keeping the search's answer",
+    )
     args = parser.parse_args(argv)
     presets = args.presets.split(",")
     batches = [int(b) for b in args.batches.split(",")]
@@ -487,6 +511,8 @@ def main(argv=None) -> int:
     results = Results(args.out, args.previous)
     if args.extras:
         extras(results)
+    elif args.refresh:
+        refresh(results, presets, batches, generations, set(args.refresh.split(",")))
     elif not args.markdown:
         for batch in batches:
             for preset in presets:

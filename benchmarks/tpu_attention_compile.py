@@ -3,16 +3,20 @@ with t2t's network before the attention rework (issue 32), read by one cost mode
 
 Nothing runs on a TPU: libtpu's compiler describes the slice (pip install -e '.[tpu]'). For every
 variant the real train step (bfloat16 compute, float32 parameters, FSDP, scanned layers, full
-rematerialization, batch 2048 x 512/114 on v5e:4x4 by default) is compiled in its own process,
+rematerialization (`--remat_policy`), batch 2048 x 512/114 on v5e:4x4 by default) is compiled in its own process,
 its optimized program saved, and then `t2t.aot.cost_model` (this tree's) reads every program
 alike: memory per chip, HBM traffic per step, the estimated step at the chip's peak rates, and
 where the traffic goes.
 
 Variants:
-- `before`: the network of commit 3b5ee95 (the mask added to the position bias as one float32
-  [B, N, L, S] array per stack), compiled from a worktree of that commit (--before_tree).
+- `before`: an earlier commit's network (`attention_impl` left to `auto`), compiled from a
+  worktree of it (--before_tree): 3b5ee95 is the network before the attention rework (the mask
+  added to the position bias as one float32 [B, N, L, S] array per stack).
 - `xla`: this tree, `attention_impl="xla"`.
 - `xla_f32_logits`: the same with `float32_attention_logits=True`.
+- `xla_output_rows`: the same with the softmax gradient's row sums taken from the outputs
+  whatever the rematerialization (`attention_ops.attention`'s `row_sums`: a fully
+  rematerialized layer takes them from the probabilities).
 - `flash`: this tree, `attention_impl="flash"` (Pallas flash attention where the lengths are
   multiples of 128: the encoder's self-attention), t2t's kernels (`t2t.nn.flash_kernels`: the
   position bias read as [N, L, S], its gradient summed over the batch in the kernel).
@@ -24,6 +28,8 @@ Variants:
     python benchmarks/tpu_attention_compile.py --markdown   # the table from the results
     python benchmarks/tpu_attention_compile.py --variants xla,flash --inputs 2048 --targets 512 \
       --batch 256 --out benchmarks/results/tpu_attention_compile_2048.json  # long sequences
+    python benchmarks/tpu_attention_compile.py --variants before,xla --before_tree DIR \
+      --topology v4:2x2x1 --batch 128 --remat_policy none --out F.json  # another setting
 
 Results: benchmarks/results/tpu_attention_compile.json.
 """
@@ -45,6 +51,7 @@ VARIANTS = {
     "before": {},
     "xla": {"attention_impl": "xla"},
     "xla_f32_logits": {"attention_impl": "xla", "float32_attention_logits": True},
+    "xla_output_rows": {"attention_impl": "xla"},
     "flash": {"attention_impl": "flash"},
     "flash_jax": {"attention_impl": "flash"},
 }
@@ -61,13 +68,18 @@ def dump(args) -> int:
         from t2t.nn import flash_kernels
 
         flash_kernels.fits = lambda *shape, **blocks: "JAX's kernels asked for"
+    if args.dump == "xla_output_rows":
+        from t2t.nn import attention_ops
+
+        xla = attention_ops._xla
+        attention_ops._xla = lambda *arguments: xla(*arguments[:-1], "outputs")
     target = aot.tpu_target(args.topology)
     config = nn.get_preset(
         args.preset,
         dtype="bfloat16",
         dropout_rate=0.0,
         scan_layers=True,
-        remat_policy="full",
+        remat_policy=args.remat_policy,
         **VARIANTS[args.dump],
     )
     model = models.model_for(config)
@@ -142,10 +154,13 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--before_tree", help="a worktree of commit 3b5ee95 (variant before)")
+    parser.add_argument(
+        "--before_tree", help="a worktree of an earlier commit, e.g. 3b5ee95 (variant before)"
+    )
     parser.add_argument("--preset", default="t5_1_1_base")
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--topology", default="v5e:4x4")
+    parser.add_argument("--remat_policy", default="full", help="TransformerConfig.remat_policy")
     parser.add_argument("--inputs", type=int, default=512, help="input length")
     parser.add_argument("--targets", type=int, default=114, help="target length")
     parser.add_argument("--hlo_dir", default="/tmp/t2t_tpu_attention_compile")
@@ -186,6 +201,7 @@ def main(argv=None) -> int:
             f"--topology={args.topology}",
             f"--inputs={args.inputs}",
             f"--targets={args.targets}",
+            f"--remat_policy={args.remat_policy}",
             f"--hlo_dir={args.hlo_dir}",
         ]
         env = dict(os.environ, PYTHONPATH=tree)
@@ -202,7 +218,8 @@ def main(argv=None) -> int:
             "batch": args.batch,
             "lengths": {"inputs": args.inputs, "targets": args.targets},
             "topology": args.topology,
-            "settings": "bfloat16 compute, float32 parameters, FSDP, scanned layers, full remat",
+            "settings": "bfloat16 compute, float32 parameters, FSDP, scanned layers, remat "
+            + args.remat_policy,
         },
         "variants": [analyze(v, args.hlo_dir, args.topology) for v in variants],
     }

@@ -30,6 +30,9 @@ class MultiHeadAttention(nnx.Module):
         self.dropout_rate = config.dropout_rate
         self.implementation = config.attention_impl
         self.float32_logits = config.float32_attention_logits
+        # Where the softmax gradient's row sums come from: the outputs where that was measured
+        # to pay (`attention_ops._weighted_values`).
+        self.row_sums = attention_ops.row_sums_for(config.remat_policy)
         d, inner = config.d_model, config.inner_dim
         in_names = (axes.EMBED, axes.JOINED_KV)
 
@@ -122,6 +125,7 @@ class MultiHeadAttention(nnx.Module):
             dropout_rate=self.dropout_rate,
             rngs=rngs,
             float32_logits=self.float32_logits,
+            row_sums=self.row_sums,
         )
         out = constrain(out, axes.BLNH)  # [B, L, N, H]
         return self.out(out.reshape(*out.shape[:2], -1))  # [B, L, D]

@@ -52,6 +52,10 @@ MASKED_LOGIT = masks.MASKED_BIAS
 # cuDNN's flash attention: the head dimensions it takes and the compute dtypes.
 _CUDNN_DTYPES = ("bfloat16", "float16")
 _CUDNN_MAX_HEAD_DIM = 128
+# Where XLA's softmax gradient takes each query's row sum from (`attention`'s `row_sums`).
+ROW_SUMS = ("outputs", "probabilities")
+# The rematerialization policies under which the outputs' row sums pay (`row_sums_for`).
+_OUTPUT_ROWS_POLICIES = ("dots_with_no_batch_dims",)
 # Pallas flash attention on TPUs tiles queries and keys in blocks of 128.
 _FLASH_BLOCK = 128
 # `auto` runs flash attention on TPUs from this key length on. T5.1.1-base's step compiled for
@@ -261,6 +265,7 @@ def attention(
     dropout_rate: float = 0.0,
     rngs=None,
     float32_logits: bool = False,
+    row_sums: str = "probabilities",
 ) -> jax.Array:
     """Multi-head attention of every query over every key.
 
@@ -276,6 +281,8 @@ def attention(
       rngs: `nnx.Rngs` with a dropout stream, or None (deterministic).
       float32_logits: XLA stores the logits [B, N, L, S] in float32 instead of the compute
         dtype (the softmax computes in float32 either way).
+      row_sums: where XLA's softmax gradient takes each query's `sum_j p_ij dp_ij` from:
+        "probabilities" or "outputs" (`sum_h do_ih o_ih`; `_weighted_values`, `row_sums_for`).
 
     Returns:
       [B, L, N, H] in the dtype of `v`.
@@ -298,15 +305,32 @@ def attention(
     if chosen == "flash":
         return _flash(q, k, v, bias, visibility)
     logits_dtype = jnp.float32 if float32_logits else q.dtype
-    return _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype)
+    if row_sums not in ROW_SUMS:
+        raise ValueError(f"row_sums must be one of {ROW_SUMS}, got {row_sums!r}.")
+    return _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype, row_sums)
 
 
-def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype) -> jax.Array:
+def row_sums_for(remat_policy: str) -> str:
+    """`attention`'s `row_sums` for a layer rematerialized with `remat_policy`.
+
+    Compiled for TPUs (T5.1.1, bfloat16, scanned layers; `benchmarks/tpu_attention_compile.py`,
+    docs/pod_scale.md), the outputs' row sums shorten the estimated step by 7.5% with 1.5% less
+    memory where the projections are kept and attention recomputed (`dots_with_no_batch_dims`);
+    with full rematerialization by 4% but for 7% more memory per chip (XLA holds more arrays at
+    once while it recomputes the layer), and without any they add 7% (the outputs are kept for
+    the backward pass as well). Elsewhere they come from the probabilities.
+    """
+    return "outputs" if remat_policy in _OUTPUT_ROWS_POLICIES else "probabilities"
+
+
+def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype, row_sums) -> jax.Array:
     # [B, N, L, S] in `logits_dtype` (the compute dtype by default, as T5X), softmax in float32.
     logits = jnp.einsum("BLNH,BNSH->BNLS", q, k, preferred_element_type=logits_dtype)
-    weights = softmax(logits, bias, visibility, v.dtype)  # [B, N, L, S] in the compute dtype
-    weights = layers.dropout(weights, dropout_rate, rngs)
-    return jnp.einsum("BNLS,BNSH->BLNH", weights, v)  # [B, L, N, H]
+    log_sum = _normalizer(logits, bias, visibility)
+    dropout_key = rngs.dropout() if rngs is not None and dropout_rate > 0 else None
+    return _weighted_values(
+        logits, bias, visibility, log_sum, v, dropout_key, dropout_rate, row_sums == "outputs"
+    )
 
 
 # The checkpoint name of the softmax's normalizer (the log of each row's sum of exponentials,
@@ -316,30 +340,18 @@ def _xla(q, k, v, bias, visibility, dropout_rate, rngs, logits_dtype) -> jax.Arr
 SOFTMAX_NORMALIZER = "attention_softmax_normalizer"
 
 
-def softmax(
-    logits: jax.Array, bias: jax.Array | None, visibility: masks.Visibility, dtype
-) -> jax.Array:
-    """`softmax(logits + bias)` over the keys each query may see, in float32, returned in `dtype`.
+def _normalizer(logits, bias, visibility: masks.Visibility) -> jax.Array:
+    """The softmax's log normalizer [B, N, L, 1] float32, named for rematerialization.
 
-    Args:
-      logits: [B, N, L, S] (any float dtype).
-      bias: [1 or B, N, L, S] or None.
-      visibility: which keys each query may see (masked logits become -1e10).
-      dtype: the dtype of the probabilities.
-
-    Returns:
-      [B, N, L, S] probabilities in `dtype`; in float32 `jax.nn.softmax` of the masked, biased
-      logits, with the same gradient.
+    It carries no gradient of its own (`_weighted_values`'s gradient is complete without it)
+    and is named, so a rematerialized layer keeps it instead of recomputing it.
     """
-    # The normalizer carries no gradient of its own (the softmax's gradient below is complete
-    # without it) and is named, so a rematerialized layer keeps it instead of recomputing it.
     log_sum = _log_normalizer(
         jax.lax.stop_gradient(logits),
         None if bias is None else jax.lax.stop_gradient(bias),
         visibility,
     )
-    log_sum = checkpoint_name(log_sum, SOFTMAX_NORMALIZER)
-    return _normalized(logits, bias, visibility, log_sum, dtype)
+    return checkpoint_name(log_sum, SOFTMAX_NORMALIZER)
 
 
 def _masked_logits(logits, bias, visibility: masks.Visibility) -> jax.Array:
@@ -360,7 +372,7 @@ def _log_normalizer(logits, bias, visibility: masks.Visibility) -> jax.Array:
     """log(sum(exp(x))) over the keys of the masked, biased logits x: [B, N, L, 1] float32.
 
     NOTE: a function with its own (zero) gradient only to keep the mask inside it, out of
-    reach of the loop-invariant hoisting described at `_normalized`; it is only ever called
+    reach of the loop-invariant hoisting described at `_probabilities`; it is only ever called
     on values without a gradient.
     """
     x = _masked_logits(logits, bias, visibility)
@@ -375,47 +387,117 @@ _log_normalizer.defvjp(
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _normalized(logits, bias, visibility: masks.Visibility, log_sum, dtype) -> jax.Array:
-    """exp(x - log_sum) of the masked, biased logits x, in `dtype`.
+def _probabilities(logits, bias, visibility: masks.Visibility, log_sum, dtype) -> jax.Array:
+    """exp(x - log_sum) of the masked, biased logits x [B, N, L, S], in `dtype`.
 
-    NOTE: one function with its own gradient so that XLA sees the whole of it inside the
-    layer: the mask is rebuilt from its [B, L]-sized parts in the kernels that use it (as a
-    separate step, the mask's [B, 1, L, S] additive form is loop-invariant, and JAX hoists it
-    out of a scanned stack as an array every kernel then reads: 13 GB per step for T5.1.1-base
-    at batch 2048 on v5e:4x4), and the gradient is computed from the returned probabilities,
-    which the second matmul reads anyway, so the backward pass keeps nothing else of size
-    [B, N, L, S]. As exp(x - log_sum), the kernel recomputes the exponential from the
-    (compute-dtype) logits; `x / sum(x)` after `exp` has XLA store the float32 exponentials
-    [B, N, L, S] between two kernels.
+    NOTE: a function with its own gradient so that XLA sees the whole of it inside the layer:
+    the mask is rebuilt from its [B, L]-sized parts in the kernels that use it. As a separate
+    step, the mask's [B, 1, L, S] additive form is loop-invariant, and JAX hoists it out of a
+    scanned stack as an array every kernel then reads (13 GB per step for T5.1.1-base at batch
+    2048 on v5e:4x4); inlined into `_weighted_values`'s forward pass, it is hoisted too. As
+    exp(x - log_sum), the kernel recomputes the exponential from the (compute-dtype) logits;
+    `x / sum(x)` after `exp` has XLA store the float32 exponentials [B, N, L, S] between two
+    kernels. Its gradient is the softmax's (`_weighted_values` has its own and does not use it).
     """
     return jnp.exp(_masked_logits(logits, bias, visibility) - log_sum).astype(dtype)
 
 
-def _normalized_forward(logits, bias, visibility, log_sum, dtype):
-    probabilities = _normalized(logits, bias, visibility, log_sum, dtype)
-    # Empty arrays that carry the logits' dtype and the bias's rows and dtype to the backward.
-    logits_like = jnp.zeros((0,), logits.dtype)
-    bias_like = None if bias is None else jnp.zeros((bias.shape[0], 0), bias.dtype)
-    return probabilities, (probabilities, logits_like, bias_like)
+def _probabilities_forward(logits, bias, visibility, log_sum, dtype):
+    probabilities = _probabilities(logits, bias, visibility, log_sum, dtype)
+    return probabilities, (probabilities, *_dtype_carriers(logits, bias))
 
 
-def _normalized_backward(dtype, residuals, grad):
+def _probabilities_backward(dtype, residuals, grad):
     del dtype
     probabilities, logits_like, bias_like = residuals
     p = probabilities.astype(jnp.float32)
     g = grad.astype(jnp.float32)
     dx = p * (g - jnp.sum(p * g, axis=-1, keepdims=True))  # [B, N, L, S] float32
-    dbias = None
-    if bias_like is not None:  # the bias's gradient: summed over the batch it broadcast to
-        if bias_like.shape[0] == 1 and dx.shape[0] != 1:
-            dbias = jnp.sum(dx, axis=0, keepdims=True)  # [1, N, L, S]
-        else:
-            dbias = dx
-        dbias = dbias.astype(bias_like.dtype)
-    return dx.astype(logits_like.dtype), dbias, None, None
+    return dx.astype(logits_like.dtype), _bias_gradient(dx, bias_like), None, None
 
 
-_normalized.defvjp(_normalized_forward, _normalized_backward)
+_probabilities.defvjp(_probabilities_forward, _probabilities_backward)
+
+
+def _dtype_carriers(logits, bias):
+    """Empty arrays that carry the logits' dtype and the bias's rows and dtype to a backward
+    pass (a residual must be an array)."""
+    logits_like = jnp.zeros((0,), logits.dtype)
+    bias_like = None if bias is None else jnp.zeros((bias.shape[0], 0), bias.dtype)
+    return logits_like, bias_like
+
+
+def _bias_gradient(dx, bias_like):
+    """The bias's gradient from the biased logits' `dx` [B, N, L, S] float32: summed over the
+    batch the bias was broadcast to; None without a bias."""
+    if bias_like is None:
+        return None
+    if bias_like.shape[0] == 1 and dx.shape[0] != 1:
+        dx = jnp.sum(dx, axis=0, keepdims=True)  # [1, N, L, S]
+    return dx.astype(bias_like.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _weighted_values(
+    logits,
+    bias,
+    visibility: masks.Visibility,
+    log_sum,
+    v,
+    dropout_key,
+    dropout_rate: float,
+    rows_from_outputs: bool,
+) -> jax.Array:
+    """`dropout(softmax(logits + bias, masked)) v` [B, L, N, H], the probabilities computed
+    from the normalizer `log_sum` in the dtype of `v`; no dropout when `dropout_key` is None.
+
+    NOTE: one function with its own gradient, for two reasons. The backward pass keeps no
+    [B, N, L, S] array but the probabilities, which the values' product reads anyway, and
+    draws dropout's mask again from its key (autodiff would keep the mask). And the softmax's
+    gradient needs each query's `sum_j p_ij dp_ij` (dp: the probabilities' gradient), which
+    equals `sum_h do_ih o_ih` (do: the output's gradient, o: the output; dropout's mask
+    included; the identity flash attention's backward uses): `rows_from_outputs` takes it as
+    that sum over the head dimension, which XLA computes in the epilogue of the matmul that
+    produces `do`, instead of a pass over two [B, N, L, S] arrays (`row_sums_for` says where
+    that pays).
+    """
+    probabilities = _probabilities(logits, bias, visibility, log_sum, v.dtype)
+    weights = _dropped(probabilities, dropout_key, dropout_rate)
+    return jnp.einsum("BNLS,BNSH->BLNH", weights, v)
+
+
+def _dropped(x, key, rate):
+    return x if key is None else layers.dropout_with_key(x, rate, key)
+
+
+def _weighted_values_forward(
+    logits, bias, visibility, log_sum, v, dropout_key, dropout_rate, rows_from_outputs
+):
+    probabilities = _probabilities(logits, bias, visibility, log_sum, v.dtype)
+    out = jnp.einsum("BNLS,BNSH->BLNH", _dropped(probabilities, dropout_key, dropout_rate), v)
+    kept_out = out if rows_from_outputs else None
+    return out, (probabilities, v, kept_out, dropout_key, *_dtype_carriers(logits, bias))
+
+
+def _weighted_values_backward(dropout_rate, rows_from_outputs, residuals, grad):
+    probabilities, v, out, dropout_key, logits_like, bias_like = residuals
+    grad = grad.astype(v.dtype)
+    weights = _dropped(probabilities, dropout_key, dropout_rate)
+    dv = jnp.einsum("BNLS,BLNH->BNSH", weights, grad)
+    # The probabilities' gradient [B, N, L, S]: through dropout, the same mask and scale.
+    dp = _dropped(jnp.einsum("BLNH,BNSH->BNLS", grad, v), dropout_key, dropout_rate)
+    p, dp = probabilities.astype(jnp.float32), dp.astype(jnp.float32)
+    # Each query's sum_j p_ij dp_ij: [B, N, L, 1] float32.
+    if rows_from_outputs:  # as sum_h do_ih o_ih
+        row = jnp.sum(grad.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, L, N]
+        row = jnp.swapaxes(row, 1, 2)[..., None]
+    else:
+        row = jnp.sum(p * dp, axis=-1, keepdims=True)
+    dx = p * (dp - row)  # [B, N, L, S]
+    return dx.astype(logits_like.dtype), _bias_gradient(dx, bias_like), None, None, dv, None
+
+
+_weighted_values.defvjp(_weighted_values_forward, _weighted_values_backward)
 
 
 def _cudnn(q, k, v, bias, visibility: masks.Visibility) -> jax.Array:

@@ -63,8 +63,14 @@ def dropout(x: jax.Array, rate: float, rngs: nnx.Rngs | None) -> jax.Array:
     """Inverted dropout; the identity when `rngs` is None (deterministic) or `rate` is 0."""
     if rngs is None or rate == 0.0:
         return x
+    return dropout_with_key(x, rate, rngs.dropout())
+
+
+def dropout_with_key(x: jax.Array, rate: float, key: jax.Array) -> jax.Array:
+    """Inverted dropout with its mask drawn from `key`: the same key, the same mask (a backward
+    pass recomputes it instead of storing it)."""
     # P(keep) = 1 - rate, exact to 2**-32.
-    keep = hashed_bits(rngs.dropout(), x.shape) >= jnp.uint32(round(rate * 2**32))
+    keep = hashed_bits(key, x.shape) >= jnp.uint32(round(rate * 2**32))
     # NOTE: a product with the 0/1 mask, equal to selecting 0 for finite x: a select would keep
     # a full-shape zero for its backward pass, which JAX hoists out of a scanned stack.
     return (x / jnp.asarray(1.0 - rate, x.dtype)) * keep.astype(x.dtype)

@@ -119,11 +119,22 @@ CASES = [
 ]
 
 
+# The softmax's gradient takes its row sums from the probabilities (remat "none") or from the
+# outputs (`attention_ops.row_sums_for`), with dropout on the attention weights and without.
+@pytest.mark.parametrize(
+    "dropout_rate, remat_policy",
+    [(0.1, "none"), (0.1, "dots_with_no_batch_dims"), (0.0, "dots_with_no_batch_dims")],
+)
 @pytest.mark.parametrize("architecture, packed", CASES)
 def test_the_op_equals_the_additive_bias_in_loss_and_every_gradient(
-    monkeypatch, architecture, packed
+    monkeypatch, architecture, packed, dropout_rate, remat_policy
 ):
-    cfg = config(architecture, attention_impl="xla")
+    cfg = config(
+        architecture,
+        attention_impl="xla",
+        dropout_rate=dropout_rate,
+        remat_policy=remat_policy,
+    )
     features = batch(architecture, packed)
     loss, grads = loss_and_grads(cfg, features)
     monkeypatch.setattr(attention_ops, "attention", additive_bias_attention)
@@ -146,6 +157,40 @@ def test_the_op_equals_the_additive_bias_in_loss_and_every_gradient(
         )
         if "rel_embedding" in jax.tree_util.keystr(path):
             assert float(np.max(np.abs(got))) > 0  # the table does learn
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_probabilities_have_the_softmax_gradient(with_bias):
+    """`_weighted_values` has its own gradient; the probabilities it computes keep the softmax's
+    (their function exists to keep the mask out of JAX's loop-invariant hoisting)."""
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 5, 7)), jnp.float32)
+    bias = jnp.asarray(rng.normal(size=(1, 3, 5, 7)), jnp.float32) if with_bias else None
+    visibility = masks.Visibility(key_valid=jnp.asarray(np.arange(7) < [[6], [4]]))
+    weights = jnp.asarray(rng.normal(size=(2, 3, 5, 7)), jnp.float32)
+
+    def ours(logits, bias):
+        log_sum = attention_ops._normalizer(logits, bias, visibility)
+        p = attention_ops._probabilities(logits, bias, visibility, log_sum, jnp.float32)
+        return jnp.sum(p * weights)
+
+    def reference(logits, bias):
+        full = logits + (0.0 if bias is None else bias)
+        full = full + masks.mask_to_bias(visibility.mask(5, 7))
+        return jnp.sum(jax.nn.softmax(full, axis=-1) * weights)
+
+    argnums = (0, 1) if with_bias else 0
+    got = jax.grad(ours, argnums)(logits, bias)
+    want = jax.grad(reference, argnums)(logits, bias)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_row_sums_must_be_named():
+    q = jnp.zeros((1, 4, 2, 8))
+    k = jnp.zeros((1, 2, 4, 8))
+    with pytest.raises(ValueError, match="row_sums must be one of"):
+        attention_ops.attention(q, k, k, None, masks.Visibility(), row_sums="keys")
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -192,17 +237,34 @@ def _scan_boundary_shapes(jaxpr) -> list[tuple[int, ...]]:
     return shapes
 
 
-@pytest.mark.parametrize("architecture", ["encoder_decoder", "decoder_only"])
-def test_no_batch_sized_bias_crosses_the_layers_of_the_training_program(architecture):
+@pytest.mark.parametrize(
+    "architecture, dropout_rate, remat_policy",
+    [
+        ("encoder_decoder", 0.1, "full"),
+        ("decoder_only", 0.1, "full"),
+        ("encoder_decoder", 0.0, "full"),
+        ("encoder_decoder", 0.1, "dots_with_no_batch_dims"),
+    ],
+)
+def test_no_batch_sized_bias_crosses_the_layers_of_the_training_program(
+    architecture, dropout_rate, remat_policy
+):
     """With scanned layers and full remat, the layers' loop (forward, recomputed forward and
     backward) receives and returns only what each layer needs: the bias [1, N, L, S] and the
     mask's [B, L] parts; no [B, N, L, S] array, no accumulated bias gradient of that size and no
-    [B, 1, L, S] mask (dropout on, so its bits' indices are checked too)."""
+    [B, 1, L, S] mask (with dropout, its bits' indices are checked too). The same where the
+    projections are kept, whose softmax gradient takes its row sums from the outputs."""
     from t2t import optim
     from t2t.trainer import steps
 
     rows, inputs, targets = 3, 12, 8
-    cfg = config(architecture, scan_layers=True, remat_policy="full", attention_impl="xla")
+    cfg = config(
+        architecture,
+        scan_layers=True,
+        remat_policy=remat_policy,
+        attention_impl="xla",
+        dropout_rate=dropout_rate,
+    )
     model = models.model_for(cfg)
     params = model.init_params(jax.random.PRNGKey(0))
     tx = optim.adafactor(optim.constant(1e-3))
