@@ -187,6 +187,9 @@ def test_the_probabilities_have_the_softmax_gradient(with_bias):
 
 
 def test_row_sums_must_be_named():
+    # The gradient test above covers both sums through these policies.
+    assert attention_ops.row_sums_for("dots_with_no_batch_dims") == "outputs"
+    assert {attention_ops.row_sums_for(p) for p in ("none", "full")} == {"probabilities"}
     q = jnp.zeros((1, 4, 2, 8))
     k = jnp.zeros((1, 2, 4, 8))
     with pytest.raises(ValueError, match="row_sums must be one of"):
