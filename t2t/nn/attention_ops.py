@@ -22,7 +22,7 @@ each implementation combines them the way its kernel wants.
   operand is [B, N, L, S], get the bias broadcast over the rows inside each device's shard.
 - `auto`: per call site, from the platform the program is compiled for. TPUs: `flash` where
   the keys are 1024 or more long and its blocks tile the lengths, `xla` elsewhere (compiled for
-  v5e, flash's estimated step is 5.8% shorter at 512 tokens, too little to stake the default
+  v5e, flash's estimated step is 6.4% shorter at 512 tokens, too little to stake the default
   on for kernels no TPU has timed, and 22-45% shorter from 1024 on). GPUs: `cudnn`
   where the attention is not causal (the encoder's self-attention with its bias and the
   cross-attention), `xla` for the causal decoder. Measured on an H100 at T5.1.1-base's shapes,
