@@ -36,6 +36,7 @@ every implementation is called with scale 1.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -204,6 +205,38 @@ def _flash_pays(lengths, dropout, per_row_bias, prefix_or_dense) -> bool:
     return reason is None
 
 
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One attention call of a network, as the implementations see it.
+
+    Attributes:
+      causal: a query sees the keys up to its own position (the decoders' self-attention).
+      lengths: (query length, key length), or None where the batches' lengths are not known.
+      biased: it adds the relative position bias (self-attention; not the cross-attention).
+      prefix: a prefix LM's fully visible prefix widens the causal mask.
+    """
+
+    causal: bool
+    lengths: tuple[int, int] | None
+    biased: bool
+    prefix: bool = False
+
+
+def sites(config, lengths: tuple[int, int] | None = None) -> dict[str, Site]:
+    """The attention calls of `config`'s network by name ("encoder self-attention", ...), for
+    batches of (input length, target length); decoder-only models attend over both together."""
+    inputs, targets = lengths if lengths is not None else (None, None)
+    if config.is_decoder_only:
+        total = None if lengths is None else (inputs + targets, inputs + targets)
+        prefix = config.architecture == "prefix_lm"
+        return {"decoder self-attention": Site(True, total, True, prefix)}
+    return {
+        "encoder self-attention": Site(False, lengths and (inputs, inputs), True),
+        "decoder self-attention": Site(True, lengths and (targets, targets), True),
+        "cross-attention": Site(False, lengths and (targets, inputs), False),
+    }
+
+
 def describe(
     config,
     platform: str,
@@ -222,27 +255,18 @@ def describe(
         particular lengths; None: not checked. Decoder-only models attend over both together.
     """
     dropout = training and config.dropout_rate > 0
-    inputs, targets = lengths if lengths is not None else (None, None)
-    sites = {}  # site -> (causal, (query length, key length) or None)
-    if config.is_decoder_only:
-        total = None if lengths is None else inputs + targets
-        sites["decoder self-attention"] = (True, None if total is None else (total, total))
-    else:
-        sites["encoder self-attention"] = (False, lengths and (inputs, inputs))
-        sites["decoder self-attention"] = (True, lengths and (targets, targets))
-        sites["cross-attention"] = (False, lengths and (targets, inputs))
     return {
-        site: choose(
+        name: choose(
             config.attention_impl,
             platform=platform,
             dtype=config.dtype,
             head_dim=config.d_kv,
-            causal=causal,
+            causal=site.causal,
             dropout=dropout,
-            lengths=site_lengths,
-            prefix_or_dense=config.architecture == "prefix_lm",
+            lengths=site.lengths,
+            prefix_or_dense=site.prefix,
         )
-        for site, (causal, site_lengths) in sites.items()
+        for name, site in sites(config, lengths).items()
     }
 
 
