@@ -70,6 +70,7 @@ def train(
     init_checkpoint: str | None = None,
     finetuning: FineTuning | None = None,
     progress: bool = True,
+    check_attention: bool = True,
 ) -> dict[str, Any]:
     """Trains a model and keeps its checkpoints, summaries and config in `model_dir`.
 
@@ -102,6 +103,10 @@ def train(
       finetuning: what trains and how (`@t2t.finetuning.FineTuning()`; the files in
         gin/finetuning/ bind it for each method).
       progress: show a progress bar.
+      check_attention: before training, run each attention site that this platform puts on a
+        fused kernel (cuDNN, Pallas flash) once at the run's lengths against the float32 formula
+        on this device, and stop if it is off (`t2t.nn.attention_check`); nothing runs where
+        every site is on XLA (CPUs).
 
     Returns:
       The trainer's summary (steps, first and last loss, compile time, eval results) and the
@@ -128,6 +133,7 @@ def train(
         init_checkpoint=init_checkpoint,
         finetuning=finetuning,
         progress=progress,
+        check_attention=check_attention,
     )
     partitioning.initialize_distributed()
     _check_learning_rate(run.learning_rate, run.train_steps)
@@ -156,6 +162,7 @@ class _Run:
     init_checkpoint: str | None
     finetuning: FineTuning | None
     progress: bool
+    check_attention: bool
 
     def __post_init__(self):
         options.check_count(
@@ -200,6 +207,8 @@ def _train(run: _Run) -> dict[str, Any]:
     partitioner = partitioning.make_partitioner(*run.mesh_shape, mode=run.sharding_mode)
     if jax.process_index() == 0:
         print(_network_line(config, partitioner, run.data.task_feature_lengths), flush=True)
+    if run.check_attention:
+        _check_attention_kernels(run, config, partitioner)
     train_config, eval_configs = _data_configs(run, config, model, partitioner)
     train_data = pipeline.InputPipeline(train_config)
     metadata = _run_metadata(run, train_data)
@@ -257,6 +266,19 @@ def _network_line(config: TransformerConfig, partitioner, lengths) -> str:
     return f"compute {config.dtype}, parameters {config.param_dtype}; " + attention_ops.summary(
         config, platform, lengths=(inputs, targets)
     )
+
+
+def _check_attention_kernels(run: _Run, config: TransformerConfig, partitioner) -> None:
+    """Stops the run before its data is read if a fused attention kernel it would train on
+    computes something else than the formula on this device (`t2t.nn.attention_check`)."""
+    from t2t.nn import attention_check
+
+    platform = partitioner.mesh.devices.flat[0].platform
+    lengths = run.data.task_feature_lengths
+    lengths = (lengths.get("inputs", 0), lengths.get("targets", 0))
+    results = attention_check.check(config, platform, lengths, packed=run.data.pack)
+    if results and jax.process_index() == 0:
+        print(attention_check.report(results), flush=True)
 
 
 def _data_configs(run, config: TransformerConfig, model, partitioner):

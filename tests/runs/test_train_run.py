@@ -97,6 +97,33 @@ def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
     assert not any((tmp_path / "checkpoints").glob("*/"))
 
 
+def test_an_attention_kernel_off_the_formula_stops_the_run_before_it_trains(
+    tmp_path, capsys, monkeypatch
+):
+    """`attention_check` refusing the device's kernels: exit 2 with its message, nothing
+    trained; `check_attention=False` skips the check and trains."""
+    from t2t.nn import attention_check
+
+    def refuse(*args, **kwargs):
+        raise attention_check.KernelMismatch("the encoder self-attention's bias gradient is off")
+
+    monkeypatch.setattr(attention_check, "check", refuse)
+    argv = [
+        "train",
+        f"--gin_file={DEMO}",
+        f"--gin.MODEL_DIR='{tmp_path}'",
+        *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
+        "--gin.TRAIN_STEPS=2",
+    ]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "bias gradient is off" in err and "Traceback" not in err
+    assert not any((tmp_path / "checkpoints").glob("*/"))
+    skip = ["--gin.t2t.runs.train.check_attention=False", "--gin.t2t.runs.EvalOptions.every=None"]
+    assert cli.main([*argv, *skip]) == 0
+    assert sorted(_losses(tmp_path)) == [1, 2]
+
+
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     from t2t import runs
