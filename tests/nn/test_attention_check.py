@@ -29,6 +29,7 @@ def on_a_tpu(monkeypatch):
 
 def test_a_network_all_on_xla_checks_nothing():
     assert attention_check.check(config(attention_impl="auto"), "cpu", (512, 114)) == []
+    assert attention_check.report([]).endswith("every site runs XLA, nothing to check")
 
 
 @pytest.mark.parametrize(
