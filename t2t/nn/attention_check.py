@@ -9,7 +9,8 @@ the run's lengths and dtype with two rows, on this process's first device, and c
 output and the gradients of the queries, keys, values and position bias with XLA's attention
 computed in float32 at the highest matmul precision. A kernel further off than `TOLERANCE` stops
 the run with the fix (`attention_impl='xla'`) before any step trains on wrong gradients. It
-costs one small compile per site and implementation; sites on XLA are not checked.
+costs three small compiles per checked site (the kernel, XLA in the compute dtype, the float32
+reference); sites on XLA are not checked.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def check(
 
 
 def report(results: list[Result], tolerance: float = TOLERANCE) -> str:
-    """One line for the run's log, e.g. "attention kernels against the float32 formula: encoder
-    self-attention on cudnn 0.62% (values' gradient; XLA in bfloat16 0.48%), ...; tolerance 5%"."""
+    """One line for the run's log: "attention kernels against the float32 formula: <site> on
+    <kernel> <its largest error> (<of what>; XLA in the compute dtype <its error there>), ...;
+    tolerance 5%"."""
     if not results:
         return "attention kernels: every site runs XLA, nothing to check"
     parts = []
