@@ -34,10 +34,13 @@ _SEED = 0
 @functools.lru_cache(maxsize=1)
 def _factory() -> detector_factory.DetectorFactory:
     profile_dir = os.path.join(os.path.dirname(langdetect.__file__), "profiles")
-    names = sorted(n for n in os.listdir(profile_dir) if not n.startswith("."))
+    listed = os.listdir(profile_dir)  # local path: langdetect's data
+    names = sorted(n for n in listed if not n.startswith("."))
     profiles = []
     for name in names:
-        with open(os.path.join(profile_dir, name), encoding="utf-8") as f:
+        with open(
+            os.path.join(profile_dir, name), encoding="utf-8"
+        ) as f:  # local path: langdetect's data
             profiles.append(f.read())
     factory = detector_factory.DetectorFactory()
     factory.load_json_profile(profiles)

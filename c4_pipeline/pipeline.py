@@ -269,7 +269,7 @@ def check_inputs(
 
 def _real(path: str) -> str:
     """A local path made absolute (links resolved); a remote one (gs://, s3://) as given."""
-    return path if "://" in path else os.path.realpath(path)
+    return path if "://" in path else os.path.realpath(path)  # local path: checked local
 
 
 def run(config: C4Config, options: Optional[PipelineOptions] = None) -> dict:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
 import time
@@ -35,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gin
+
+from t2t import files
 
 CHAIN_FILE = "chain.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -202,7 +203,7 @@ def validate(
     plan = []
     previous = init_checkpoint
     for stage in chain:
-        directory = stage.directory or os.path.join(model_dir, stage.name)
+        directory = stage.directory or files.join(model_dir, stage.name)
         try:
             stage_bindings = _stage_bindings(
                 stage, directory, previous, per_stage[stage.name], search_paths
@@ -248,7 +249,7 @@ def _check_source(spec: str | None) -> None:
     if spec is None:
         return
     path = str(spec).split("@")[0]
-    if "://" not in path and not os.path.exists(path):
+    if not files.exists(path):
         raise UserError(
             f"The chain's INIT_CHECKPOINT {spec!r} does not exist: give a HF T5 directory or a "
             "t2t model directory (optionally DIR@STEP, DIR@best:METRIC or DIR@last)."
@@ -327,7 +328,7 @@ def _finished(directory: str) -> bool:
     """Whether a stage's directory already holds its last step (or stopped early)."""
     from t2t.checkpoints.manager import CheckpointManager
 
-    if not os.path.isdir(os.path.join(directory, "checkpoints")):
+    if not files.isdir(files.join(directory, "checkpoints")):
         return False
     train_steps = gin.get_bindings("t2t.runs.train").get("train_steps")
     manager = CheckpointManager(directory, read_only=True)
@@ -353,7 +354,7 @@ def _latest(directory: str) -> int | None:
 
 def step_in(directory: str) -> int:
     """The step of the stage directory's latest checkpoint; 0 before its first."""
-    if not os.path.isdir(os.path.join(directory, "checkpoints")):
+    if not files.isdir(files.join(directory, "checkpoints")):
         return 0
     return _latest(directory) or 0
 
@@ -384,9 +385,5 @@ def _write_record(model_dir: str, records: list[dict[str, Any]]) -> None:
 
     if jax.process_index() != 0:
         return
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, CHAIN_FILE)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump({"stages": records}, f, indent=2)
-    os.replace(temporary, path)
+    files.makedirs(model_dir)
+    files.write_text(files.join(model_dir, CHAIN_FILE), json.dumps({"stages": records}, indent=2))

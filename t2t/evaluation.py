@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable
@@ -32,7 +31,7 @@ import numpy as np
 import seqio
 from flax import nnx
 
-from t2t import inference, metrics, models
+from t2t import files, inference, metrics, models
 from t2t.checkpoints.integrity import CorruptCheckpointError
 
 History = Mapping[int, Mapping[str, float]]
@@ -415,7 +414,7 @@ def evaluate_model_dir(
         raise FileNotFoundError(f"{model_dir} holds no checkpoint to evaluate.")
     config = directory.config(chosen[-1])
     model = models.model_for(config)
-    log_dir = os.path.join(directory.path, "eval")
+    log_dir = files.join(directory.path, "eval")
     evaluator = Evaluator(
         model,
         mixtures_or_tasks,
@@ -456,7 +455,7 @@ def evaluate_model_dir(
     }
     if skipped:
         results["skipped_damaged"] = {str(s): why for s, why in skipped.items()}
-    _write_json(output_file or os.path.join(log_dir, RESULTS_FILE), results)
+    _write_json(output_file or files.join(log_dir, RESULTS_FILE), results)
     return results
 
 
@@ -527,7 +526,7 @@ def evaluate_ensemble(
         "metrics": flat,
     }
     home = model_dir or model_dir_lib.parse_member(checkpoints[0], None)[0]
-    _write_json(output_file or os.path.join(home, "eval", ENSEMBLE_RESULTS_FILE), results)
+    _write_json(output_file or files.join(home, "eval", ENSEMBLE_RESULTS_FILE), results)
     return results
 
 
@@ -536,9 +535,6 @@ def _write_json(path: str, value: Any) -> None:
 
     if jax.process_index() != 0:
         return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-    os.replace(temporary, path)
+    files.makedirs(files.parent(files.absolute(path)))
+    files.write_text(path, json.dumps(value, indent=2, sort_keys=True))
     logging.info("Wrote evaluation results to %s", path)

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any
 
 import numpy as np
 
+from t2t import files
 from t2t.checkpoints import hf
 from t2t.checkpoints import manager as manager_lib
 from t2t.checkpoints import model_dir as model_dir_lib
@@ -88,11 +88,10 @@ def export(
     _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata)
     gin_config = directory.gin_config_path()
     if gin_config:
-        shutil.copyfile(gin_config, os.path.join(output_dir, model_dir_lib.CONFIG_GIN))
-    with open(os.path.join(output_dir, METADATA_FILE), "w") as f:
-        f.write(manager_lib.dumps_metadata(metadata))
+        files.copy(gin_config, files.join(output_dir, model_dir_lib.CONFIG_GIN))
+    files.write_text(files.join(output_dir, METADATA_FILE), manager_lib.dumps_metadata(metadata))
     results = _read_results(
-        eval_results or os.path.join(directory.path, "eval", "results.json"),
+        eval_results or files.join(directory.path, "eval", "results.json"),
         required=eval_results is not None,
     )
     card = model_card(
@@ -101,40 +100,45 @@ def export(
         num_params=_count(pure),
         results=results,
         has_gin=gin_config is not None,
-        name=os.path.basename(os.path.abspath(output_dir)),
+        name=files.basename(files.absolute(output_dir)),
     )
-    with open(os.path.join(output_dir, CARD_FILE), "w") as f:
-        f.write(card)
+    files.write_text(files.join(output_dir, CARD_FILE), card)
     _uniform_modes(output_dir)
     return output_dir
 
 
 def _check_output_dir(model_dir: str, output_dir: str, overwrite: bool) -> None:
     """A release never goes into the model directory, nor over files unless told to."""
-    source, target = os.path.realpath(model_dir), os.path.realpath(output_dir)
-    if target == source or target.startswith(source + os.sep):
+    source, target = files.real(model_dir), files.real(output_dir)
+    if target == source or target.startswith(source.rstrip("/") + "/"):
         raise ValueError(
             f"The release directory {output_dir} is inside the model directory {model_dir}; "
             "give --output_dir outside it (a release is a copy meant to be shared)."
         )
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
+    held = files.listdir(output_dir) if files.isdir(output_dir) else []
+    if held and not overwrite:
         raise FileExistsError(
             f"The release directory {output_dir} is not empty "
-            f"({', '.join(sorted(os.listdir(output_dir))[:5])}...). Give a new or empty "
+            f"({', '.join(held[:5])}...). Give a new or empty "
             "--output_dir, or pass --overwrite to replace files of the same names."
         )
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    if not held and files.exists(output_dir) and not files.isdir(output_dir):
         raise FileExistsError(f"--output_dir {output_dir} is a file, not a directory.")
 
 
 def _uniform_modes(directory: str) -> None:
-    """Gives every file the mode `open` would (some writers make private 0600 temp files)."""
+    """Gives every file the mode `open` would (some writers make private 0600 temp files); an
+    object store has no modes."""
+    if files.is_remote(directory):
+        return
     umask = os.umask(0)
     os.umask(umask)
-    for name in os.listdir(directory):
+    for name in files.listdir(directory):
         path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            os.chmod(path, 0o666 & ~umask)
+        if not files.isdir(path):
+            os.chmod(
+                path, 0o666 & ~umask
+            )  # local path: checked local above (local path (checked above))
 
 
 def _check_architecture(config: TransformerConfig) -> None:
@@ -155,10 +159,8 @@ def _check_architecture(config: TransformerConfig) -> None:
 def _piece_names(vocabulary_file: str) -> dict[str, Any]:
     """The PAD/EOS/UNK piece strings and the piece count of a SentencePiece model."""
     import sentencepiece as spm
-    import tensorflow as tf
 
-    with tf.io.gfile.GFile(vocabulary_file, "rb") as f:
-        processor = spm.SentencePieceProcessor(model_proto=f.read())
+    processor = spm.SentencePieceProcessor(model_proto=files.read_bytes(vocabulary_file))
     ids = {"pad": processor.pad_id(), "eos": processor.eos_id(), "unk": processor.unk_id()}
     if ids != {"pad": 0, "eos": 1, "unk": 2}:
         raise ValueError(
@@ -172,9 +174,7 @@ def _piece_names(vocabulary_file: str) -> dict[str, Any]:
 
 
 def _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata) -> None:
-    import tensorflow as tf
-
-    tf.io.gfile.copy(vocabulary_file, os.path.join(output_dir, TOKENIZER_FILE), overwrite=True)
+    files.copy(vocabulary_file, files.join(output_dir, TOKENIZER_FILE))
     sentinels = [f"<extra_id_{i}>" for i in range(extra_ids)]
     special = {
         "eos_token": pieces["eos"],
@@ -193,13 +193,14 @@ def _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata) -
         ("tokenizer_config.json", tokenizer_config),
         ("special_tokens_map.json", special),
     ):
-        with open(os.path.join(output_dir, name), "w") as f:
-            json.dump(value, f, indent=2)
+        files.write_text(files.join(output_dir, name), json.dumps(value, indent=2))
 
 
 def _write_generation_config(output_dir: str) -> None:
-    with open(os.path.join(output_dir, "generation_config.json"), "w") as f:
-        json.dump({"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}, f, indent=2)
+    generation = {"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
+    files.write_text(
+        files.join(output_dir, "generation_config.json"), json.dumps(generation, indent=2)
+    )
 
 
 def _count(tree) -> int:
@@ -209,12 +210,11 @@ def _count(tree) -> int:
 
 
 def _read_results(path: str, *, required: bool) -> dict[str, Any] | None:
-    if not os.path.exists(path):
+    if not files.exists(path):
         if required:
             raise FileNotFoundError(f"No evaluation results at {path} (written by `t2t eval`).")
         return None
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(files.read_text(path))
 
 
 # -- the model card ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def error_message(error: BaseException) -> str:
     return message
 
 
-_T2T_DIR = os.path.dirname(os.path.abspath(__file__))
+_T2T_DIR = os.path.dirname(os.path.abspath(__file__))  # local path: own files
 # The project's packages, installed side by side: their ValueErrors are its own checks.
 _OWN_DIRS = tuple(
     os.path.join(os.path.dirname(_T2T_DIR), name) + os.sep
@@ -65,7 +65,7 @@ def is_user_error(error: BaseException) -> bool:
         tb = tb.tb_next
     if last is None:
         return True
-    last = os.path.abspath(last)
+    last = os.path.abspath(last)  # local path: own files
     if last.startswith(_OWN_DIRS):
         return True
     module = last.split("site-packages" + os.sep, 1)[-1].split(os.sep, 1)[0]
@@ -93,7 +93,10 @@ def quiet_libraries() -> None:
     if (
         "JAX_PLATFORMS" not in os.environ
         and importlib.util.find_spec("libtpu") is not None
-        and not any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0"))
+        and not any(
+            os.path.exists(p)  # local path: device files
+            for p in ("/dev/accel0", "/dev/vfio/0")
+        )
         and "TPU_ACCELERATOR_TYPE" not in os.environ
     ):
         cuda = any(
@@ -108,7 +111,7 @@ def quiet_libraries() -> None:
     # level applies: load them with the process's stderr pointed at /dev/null.
     if "tensorflow" not in sys.modules:
         sys.stderr.flush()
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)  # local path: own files
         try:
             os.dup2(devnull, 2)
             import tensorflow  # noqa: F401
@@ -120,7 +123,8 @@ def quiet_libraries() -> None:
 
 def _own_warnings_only(record) -> bool:
     """Root-logger records below ERROR pass only when t2t logged them (Beam logs on root)."""
-    return record.levelno >= 40 or os.path.abspath(record.pathname).startswith(_T2T_DIR + os.sep)
+    module = os.path.abspath(record.pathname)  # local path: own files
+    return record.levelno >= 40 or module.startswith(_T2T_DIR + os.sep)
 
 
 def print_traceback(show: bool) -> None:

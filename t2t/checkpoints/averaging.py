@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t2t import files
 from t2t.checkpoints import manager as manager_lib
 from t2t.checkpoints import model_dir as model_dir_lib
 from t2t.checkpoints.integrity import CorruptCheckpointError
@@ -155,7 +155,7 @@ def write_averaged(
       `output_dir`.
     """
     output_dir = os.fspath(output_dir)
-    if os.path.isdir(os.path.join(output_dir, manager_lib.CHECKPOINTS_SUBDIR)):
+    if files.isdir(files.join(output_dir, manager_lib.CHECKPOINTS_SUBDIR)):
         raise ValueError(
             f"{output_dir} already holds checkpoints; write the averaged checkpoint to a new "
             "directory so it cannot be confused with (or pruned like) a training checkpoint."
@@ -165,7 +165,7 @@ def write_averaged(
         **averaged.metadata,
         "step": step,
         "averaged_steps": list(averaged.steps),
-        "averaged_from": os.path.abspath(averaged.source),
+        "averaged_from": files.absolute(averaged.source),
     }
     manager = manager_lib.CheckpointManager(output_dir, keep=None, async_save=False)
     manager.save(step, params=averaged.params, metadata=metadata)
@@ -176,7 +176,7 @@ def write_averaged(
         model_dir_lib.MODEL_CONFIG_JSON,
         model_dir_lib.VOCABULARY_FILE,
     ):
-        source = os.path.join(averaged.source, name)
-        if os.path.exists(source):
-            shutil.copyfile(source, os.path.join(output_dir, name))
+        source = files.join(averaged.source, name)
+        if files.exists(source):
+            files.copy(source, files.join(output_dir, name))
     return output_dir

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 from flax import nnx
 
+from t2t import files
 from t2t import nn as t2t_nn
 from t2t.nn.config import TransformerConfig
 
@@ -291,8 +292,7 @@ def import_hf(directory: str | os.PathLike, **overrides) -> tuple[TransformerCon
     """
     path = _require(directory, CONFIG_FILE)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+        raw = json.loads(files.read_bytes(path).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError(
             f"{path} is not valid JSON ({error}); a HF T5 directory's config.json "
@@ -321,13 +321,15 @@ def export_hf(
       config: the t2t config (architecture 'encoder_decoder').
       state: the model's parameters (`nnx.state(model, nnx.Param)` or its pure dict).
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     tensors = params_to_hf(state, config)  # tied: HF ties lm_head to shared.weight itself
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(hf_config_from_config(config.replace(lora_rank=0)), f, indent=2, sort_keys=True)
-    save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+    files.makedirs(directory)
+    hf_config = hf_config_from_config(config.replace(lora_rank=0))
+    files.write_text(
+        files.join(directory, CONFIG_FILE), json.dumps(hf_config, indent=2, sort_keys=True)
+    )
+    files.write_bytes(files.join(directory, WEIGHTS_FILE), save(tensors, metadata={"format": "pt"}))
 
 
 def _drop_aliases(tensors: dict, config: TransformerConfig) -> dict:
@@ -355,23 +357,22 @@ def _drop_aliases(tensors: dict, config: TransformerConfig) -> dict:
 
 
 def _load_tensors(directory) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load
 
-    single = os.path.join(directory, WEIGHTS_FILE)
-    if os.path.exists(single):
-        return load_file(single)
-    with open(_require(directory, WEIGHTS_INDEX_FILE)) as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
+    single = files.join(directory, WEIGHTS_FILE)
+    if files.exists(single):
+        return load(files.read_bytes(single))
+    index = json.loads(files.read_text(_require(directory, WEIGHTS_INDEX_FILE)))
     tensors = {}
-    for shard in shards:
-        tensors.update(load_file(os.path.join(directory, shard)))
+    for shard in sorted(set(index["weight_map"].values())):
+        tensors.update(load(files.read_bytes(files.join(directory, shard))))
     return tensors
 
 
 def _require(directory, name) -> str:
-    path = os.path.join(directory, name)
-    if not os.path.exists(path):
-        found = sorted(os.listdir(directory)) if os.path.isdir(directory) else "no such directory"
+    path = files.join(directory, name)
+    if not files.exists(path):
+        found = files.listdir(directory) if files.isdir(directory) else "no such directory"
         raise FileNotFoundError(
             f"{path} not found (directory holds: {found}). A HF T5 directory needs config.json "
             f"and {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}; pytorch_model.bin is not read."

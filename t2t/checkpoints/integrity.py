@@ -21,13 +21,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from t2t import files
 
 ALGORITHM = "t2t-fingerprint-v1"  # position-weighted uint32 sum of bit patterns
 _GOLDEN = np.uint32(0x9E3779B1)  # odd multipliers: every position gets an odd weight
@@ -125,40 +126,31 @@ _DIGESTS_SUFFIX = ".sha256.json"
 
 
 def digests_path(directory: str) -> str:
-    return os.path.normpath(directory) + _DIGESTS_SUFFIX
+    return files.absolute(directory) + _DIGESTS_SUFFIX
 
 
 def write_file_digests(directory: str) -> None:
     """Writes the SHA-256 of every file under `directory` beside it (`<directory>.sha256.json`)."""
-    with open(digests_path(directory), "w") as f:
-        json.dump(
-            {"algorithm": "sha256", "files": _digests(directory)}, f, indent=1, sort_keys=True
-        )
+    record = {"algorithm": "sha256", "files": _digests(directory)}
+    files.write_text(digests_path(directory), json.dumps(record, indent=1, sort_keys=True))
 
 
 def verify_file_digests(directory: str) -> list[str]:
     """The files under `directory` that differ from, or are missing beside, their recorded
     digests (empty when they all match, or when no digests were recorded)."""
     path = digests_path(directory)
-    if not os.path.exists(path):
+    if not files.exists(path):
         return []
     try:
-        with open(path) as f:
-            expected = json.load(f)["files"]
+        expected = json.loads(files.read_text(path))["files"]
     except (OSError, ValueError, KeyError) as error:
-        return [f"{os.path.basename(path)} ({error})"]
+        return [f"{files.basename(path)} ({error})"]
     actual = _digests(directory)
     return sorted(name for name, digest in expected.items() if actual.get(name) != digest)
 
 
 def _digests(directory: str) -> dict[str, str]:
-    found = {}
-    for root, _, files in os.walk(directory):
-        for name in files:
-            path = os.path.join(root, name)
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-            found[os.path.relpath(path, directory)] = digest.hexdigest()
-    return found
+    return {
+        name: hashlib.sha256(files.read_bytes(files.join(directory, *name.split("/")))).hexdigest()
+        for name in files.files_under(directory)
+    }

@@ -10,10 +10,13 @@ machine) is stale, and the next run takes it over:
 - on the same host, as soon as the holder's process id is gone;
 - from any host, once the heartbeat is older than `stale_seconds`.
 
-The lock file is created with O_CREAT | O_EXCL, atomic on a local or network file system. Model
-directories on object stores (gs://) have no such primitive and are not locked (a warning says
-so). A multi-host run takes the lock once, on process 0, and every process learns whether it
-was taken.
+The lock file is created with O_CREAT | O_EXCL, atomic on a local or network file system. On
+Google Cloud Storage (gs://) the lock is an object created only if absent (the precondition
+`ifGenerationMatch=0`), its heartbeat rewritten only over the generation this run wrote last,
+and a stale one deleted only at the generation judged stale (`ObjectRunLock`): the same
+semantics and messages, with the store's preconditions in place of the file system's. A
+multi-host run takes the lock once, on process 0, and every process learns whether it was
+taken.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from t2t import files
 
 LOCK_FILE = "train.lock"
 _HELD: set[RunLock] = set()  # the locks this process holds, for `release_all`
@@ -56,6 +61,7 @@ class RunLock:
             "command": " ".join(
                 os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv)
             )[:500],
+            "token": os.urandom(8).hex(),  # this lock object's, across a lost answer
         }
         self.lost = False  # set when another run took the lock over (our heartbeat stalled)
         self._held = False
@@ -66,14 +72,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Takes the lock, taking over a stale one; raises RunLockedError when it is held."""
-        try:
-            os.makedirs(self.model_dir, exist_ok=True)
-        except OSError as error:
-            raise OSError(
-                f"Cannot create the model directory {self.model_dir} "
-                f"({error.strerror or error}). Give a MODEL_DIR under a directory "
-                "this user can write."
-            ) from None
+        self._prepare()
         for _ in range(8):  # each round either takes the lock or retires a stale one
             if self._create():
                 self._start_heartbeat()
@@ -87,6 +86,9 @@ class RunLock:
             if current.get("unreadable"):  # still no record after the holder's writing time
                 self._retire(current, "the lock file holds no lock record (empty or damaged)")
                 continue
+            if current.get("token") == self.holder["token"]:  # our own create, answer lost
+                self._adopt(current)
+                return
             if self._is_ours(current):
                 return  # this process already holds it (e.g. a second trainer in one script)
             reason = self._stale_reason(current)
@@ -106,10 +108,7 @@ class RunLock:
             self._thread.join(timeout=2 * self.heartbeat_seconds)
             self._thread = None
         if self._held:
-            current = self._read()
-            if current is not None and self._is_ours(current):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(self.path)
+            self._delete_if_ours()
             self._held = False
 
     def __enter__(self) -> RunLock:
@@ -119,14 +118,50 @@ class RunLock:
     def __exit__(self, *exc_info) -> None:
         self.release()
 
-    # -- the file --------------------------------------------------------------------------------
+    # -- the file (each primitive is overridden by ObjectRunLock) ---------------------------------
 
     def _record(self) -> str:
         return json.dumps({**self.holder, "heartbeat": time.time()})
 
+    def _prepare(self) -> None:
+        try:
+            os.makedirs(self.model_dir, exist_ok=True)  # local path: the disk lock
+        except OSError as error:
+            raise OSError(
+                f"Cannot create the model directory {self.model_dir} "
+                f"({error.strerror or error}). Give a MODEL_DIR under a directory "
+                "this user can write."
+            ) from None
+
+    def _adopt(self, record: dict[str, Any]) -> None:
+        """Holds a lock this object created (a file system always says so at once)."""
+        del record
+        self._held = True
+        self._start_heartbeat()
+        _HELD.add(self)
+
+    def _delete_if_ours(self) -> None:
+        current = self._read()
+        if current is not None and self._is_ours(current):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)  # local path: the disk lock
+
+    def _refresh(self) -> bool:
+        """Writes a new heartbeat; False when the lock is no longer this run's."""
+        current = self._read()
+        if current is None or not self._is_ours(current):
+            return False
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:  # local path: the disk lock
+            f.write(self._record())
+        os.replace(temporary, self.path)  # local path: the disk lock
+        return True
+
     def _create(self) -> bool:
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(
+                self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644
+            )  # local path: the disk lock
         except FileExistsError:
             return False
         except PermissionError as error:
@@ -141,7 +176,7 @@ class RunLock:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            with open(self.path) as f:
+            with open(self.path) as f:  # local path: the disk lock
                 record = json.load(f)
         except FileNotFoundError:
             return None
@@ -180,11 +215,11 @@ class RunLock:
         """Moves a stale lock out of the way (unless someone replaced it meanwhile)."""
         retired = f"{self.path}.stale.{os.getpid()}"
         try:
-            os.rename(self.path, retired)
+            os.rename(self.path, retired)  # local path: the disk lock
         except FileNotFoundError:
             return
         try:
-            with open(retired) as f:
+            with open(retired) as f:  # local path: the disk lock
                 moved = json.load(f)
         except (OSError, ValueError):
             moved = None
@@ -194,7 +229,7 @@ class RunLock:
             # A new holder wrote it after we judged it stale: put it back, unless yet another
             # lock appeared in the meantime.
             with contextlib.suppress(FileExistsError):
-                os.link(retired, self.path)
+                os.link(retired, self.path)  # local path: the disk lock
         else:
             print(
                 f"Taking over the stale lock of {self.model_dir} ({reason}; it was held by "
@@ -203,7 +238,7 @@ class RunLock:
                 flush=True,
             )
         with contextlib.suppress(FileNotFoundError):
-            os.remove(retired)
+            os.remove(retired)  # local path: the disk lock
 
     def _held_message(self, record: dict[str, Any]) -> str:
         age = time.time() - float(record.get("heartbeat") or 0)
@@ -225,8 +260,13 @@ class RunLock:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_seconds):
-            current = self._read()
-            if current is None or not self._is_ours(current):
+            try:
+                refreshed = self._refresh()
+            except OSError as error:  # the store failed past its retries: try next beat
+                print(f"WARNING: the lock's heartbeat failed ({error}).", file=sys.stderr)
+                continue
+            if not refreshed:
+                current = self._read()
                 self.lost = True
                 print(
                     f"WARNING: the lock of {self.model_dir} is no longer this run's (taken "
@@ -236,20 +276,124 @@ class RunLock:
                     flush=True,
                 )
                 return
-            temporary = f"{self.path}.{os.getpid()}.tmp"
-            with open(temporary, "w") as f:
-                f.write(self._record())
-            os.replace(temporary, self.path)
+
+
+class ObjectRunLock(RunLock):
+    """`RunLock` on Google Cloud Storage: an object created only if absent.
+
+    Every change is conditional on the object's generation (GCS preconditions), which stands in
+    for the file system's atomic create and rename: the lock is created with
+    `ifGenerationMatch=0` (a second creator gets 412), each heartbeat rewrites it only over
+    the generation this run wrote last (a run whose lock was taken over finds out at its next
+    beat), and a stale lock is deleted only at the generation that was judged stale (a lock
+    renewed meanwhile stays). An answer lost on the way back (the store applied the create
+    but the connection dropped) is recognised by the record's token and adopted.
+    """
+
+    def __init__(self, model_dir: str, **kwargs):
+        super().__init__(model_dir, **kwargs)
+        self.model_dir = files.normalize(self.model_dir)
+        self.path = files.join(self.model_dir, LOCK_FILE)
+        bucket, name = files.split_bucket(self.path)
+        self._blob_name = name
+        self._bucket_name = bucket
+        self._generation: int | None = None
+
+    def _blob(self):
+        return files.gcs_client().bucket(self._bucket_name).blob(self._blob_name)
+
+    def _prepare(self) -> None:
+        files.check_reachable(self.model_dir)  # no directories to make on a store
+
+    def _create(self) -> bool:
+        from google.api_core import exceptions
+
+        blob = self._blob()
+        try:
+            blob.upload_from_string(self._record(), if_generation_match=0, timeout=files.TIMEOUT)
+        except exceptions.PreconditionFailed:
+            return False
+        except exceptions.Forbidden as error:
+            raise PermissionError(
+                f"Cannot write in the model directory {self.model_dir} ({error.message}). "
+                "Give a MODEL_DIR in a bucket this account can write."
+            ) from None
+        self._generation = blob.generation
+        self._held = True
+        return True
+
+    def _read(self) -> dict[str, Any] | None:
+        from google.api_core import exceptions
+
+        for _ in range(8):
+            blob = self._blob().bucket.get_blob(self._blob_name, timeout=files.TIMEOUT)
+            if blob is None:
+                return None
+            try:
+                data = blob.download_as_bytes(
+                    if_generation_match=blob.generation, timeout=files.TIMEOUT
+                )
+            except (exceptions.NotFound, exceptions.PreconditionFailed):
+                continue  # replaced or deleted between the two requests: look again
+            try:
+                record = json.loads(data)
+            except ValueError:
+                record = None
+            if isinstance(record, dict) and "pid" in record and "heartbeat" in record:
+                return {**record, "generation": blob.generation}
+            return {"unreadable": True, "generation": blob.generation}
+        return None
+
+    def _adopt(self, record: dict[str, Any]) -> None:
+        self._generation = record["generation"]
+        super()._adopt(record)
+
+    def _retire(self, record: dict[str, Any], reason: str) -> None:
+        from google.api_core import exceptions
+
+        try:
+            self._blob().delete(if_generation_match=record["generation"], timeout=files.TIMEOUT)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return  # released, renewed or taken meanwhile: judged again on the next round
+        print(
+            f"Taking over the stale lock of {self.model_dir} ({reason}; it was held by "
+            f"{_who(record)}).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _refresh(self) -> bool:
+        from google.api_core import exceptions
+
+        blob = self._blob()
+        try:
+            blob.upload_from_string(
+                self._record(), if_generation_match=self._generation, timeout=files.TIMEOUT
+            )
+        except exceptions.PreconditionFailed:
+            current = self._read()  # our own rewrite, its answer lost, or another holder
+            if current is None or current.get("token") != self.holder["token"]:
+                return False
+            self._generation = current["generation"]
+            return True
+        self._generation = blob.generation
+        return True
+
+    def _delete_if_ours(self) -> None:
+        from google.api_core import exceptions
+
+        if self._generation is None:
+            return
+        with contextlib.suppress(exceptions.NotFound, exceptions.PreconditionFailed):
+            self._blob().delete(if_generation_match=self._generation, timeout=files.TIMEOUT)
 
 
 def release_all() -> None:
     """Deletes every lock file this process holds (before an immediate exit)."""
     for held in list(_HELD):
         _HELD.discard(held)
-        current = held._read()
-        if current is not None and held._is_ours(current):
-            with contextlib.suppress(OSError):
-                os.remove(held.path)
+        with contextlib.suppress(Exception):
+            held._delete_if_ours()
 
 
 def _who(record: dict[str, Any]) -> str:
@@ -279,17 +423,9 @@ def hold(model_dir: str, **kwargs):
     takes it and every process raises if it could not."""
     import jax
 
-    if "://" in os.fspath(model_dir):
-        print(
-            f"WARNING: {model_dir} is on an object store, where t2t cannot lock a model "
-            "directory; make sure only one run trains in it.",
-            file=sys.stderr,
-            flush=True,
-        )
-        yield None
-        return
+    kind = ObjectRunLock if files.is_remote(model_dir) else RunLock
     if jax.process_count() == 1:
-        with RunLock(model_dir, **kwargs) as lock:
+        with kind(model_dir, **kwargs) as lock:
             yield lock
         return
     import numpy as np
@@ -297,7 +433,7 @@ def hold(model_dir: str, **kwargs):
 
     lock, error = None, ""
     if jax.process_index() == 0:
-        lock = RunLock(model_dir, **kwargs)
+        lock = kind(model_dir, **kwargs)
         try:
             lock.acquire()
         except RunLockedError as held:

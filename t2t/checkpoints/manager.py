@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -36,12 +37,15 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
+from t2t import files
 from t2t.checkpoints import integrity
 from t2t.checkpoints.integrity import CorruptCheckpointError  # noqa: F401 (re-exported)
 from t2t.nn.config import TransformerConfig
 
 CHECKPOINTS_SUBDIR = "checkpoints"
 DAMAGED_SUBDIR = "damaged_checkpoints"  # where a training run moves checkpoints that fail checks
+SET_ASIDE_RECORD = "SET_ASIDE.json"  # in a step set aside on an object store: the copy is whole
+_COMMIT_MARKER = "commit_success.txt"  # Orbax's sign of a finished step on an object store
 _ITEMS = ("params", "opt_state", "data_iterator", "metadata")
 
 
@@ -178,10 +182,8 @@ class CheckpointManager:
           async_save: write arrays in the background while training continues.
           read_only: open existing checkpoints without creating or deleting anything.
         """
-        path = os.fspath(model_dir)
-        if "://" not in path:
-            # NOTE: Orbax's array writers reject relative paths (`make demo` passes runs/demo).
-            path = os.path.abspath(path)
+        # NOTE: Orbax's array writers reject relative paths (`make demo` passes runs/demo).
+        path = files.absolute(model_dir)
         self.model_dir = path
         self.directory = epath.Path(path) / CHECKPOINTS_SUBDIR
         policies = [ocp.checkpoint_managers.LatestN(n=keep)] + [m.policy() for m in best]
@@ -507,18 +509,54 @@ class CheckpointManager:
 
     def set_aside(self, step: int) -> str:
         """Moves the checkpoint of `step` to `<model_dir>/damaged_checkpoints/<step>` (kept for
-        inspection, out of the way of new saves); returns its new path."""
-        source = os.fspath(self.directory / str(step))
-        parent = os.path.join(os.path.dirname(os.fspath(self.directory)), DAMAGED_SUBDIR)
-        os.makedirs(parent, exist_ok=True)
-        target = os.path.join(parent, str(step))
-        suffix = 1
-        while os.path.exists(target):
-            target = os.path.join(parent, f"{step}.{suffix}")
+        inspection, out of the way of new saves); returns its new path.
+
+        On a disk this is one rename. On an object store it is a copy, then the deletion of the
+        original, commit marker first: stopped at any point and repeated, it ends with the step
+        set aside once and gone from the checkpoints (a copy left unfinished, without its
+        `SET_ASIDE` record, is finished by the next attempt, not duplicated).
+        """
+        source = files.join(os.fspath(self.directory), str(step))
+        parent = files.join(files.parent(os.fspath(self.directory)), DAMAGED_SUBDIR)
+        files.makedirs(parent)
+        if files.is_remote(source) and not files.exists(files.join(source, _COMMIT_MARKER)):
+            finished = self._set_aside_copy_of(source, parent)
+            if finished is not None:  # an earlier move stopped after its copy: end it
+                files.rmtree(source)
+                self._manager.reload()
+                return finished
+        target, suffix = files.join(parent, str(step)), 1
+        while files.exists(target) and (
+            not files.is_remote(target) or files.exists(files.join(target, SET_ASIDE_RECORD))
+        ):
+            target = files.join(parent, f"{step}.{suffix}")
             suffix += 1
-        os.rename(source, target)
+        if not files.is_remote(source):
+            files.move(source, target)
+        else:
+            files.copytree(source, target)
+            files.write_text(
+                files.join(target, SET_ASIDE_RECORD),
+                json.dumps({"step": step, "from": source, "time": time.time()}),
+            )
+            # Orbax counts a step on an object store as saved while its commit marker exists:
+            # gone first, the step stops being a checkpoint before any of its files go.
+            files.remove(files.join(source, _COMMIT_MARKER))
+            files.rmtree(source)
         self._manager.reload()
         return target
+
+    @staticmethod
+    def _set_aside_copy_of(source: str, parent: str) -> str | None:
+        """The newest whole copy in `parent` of the step at `source`, when one was made."""
+        copies = []
+        for name in files.listdir(parent):
+            record = files.join(parent, name, SET_ASIDE_RECORD)
+            if files.exists(record):
+                made = json.loads(files.read_text(record))
+                if made.get("from") == source:
+                    copies.append((made.get("time", 0.0), files.join(parent, name)))
+        return max(copies)[1] if copies else None
 
     def _resolve_step(self, step: int | None) -> int:
         steps = self.all_steps()

@@ -28,6 +28,7 @@ from typing import Any
 import seqio
 from flax import nnx
 
+from t2t import files
 from t2t import nn as t2t_nn
 from t2t.checkpoints import manager as manager_lib
 
@@ -58,9 +59,9 @@ class ModelDir:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        checkpoints = os.path.join(self.path, manager_lib.CHECKPOINTS_SUBDIR)
-        if not os.path.isdir(checkpoints):
-            found = sorted(os.listdir(self.path)) if os.path.isdir(self.path) else None
+        checkpoints = files.join(self.path, manager_lib.CHECKPOINTS_SUBDIR)
+        if not files.isdir(checkpoints):
+            found = files.listdir(self.path) if files.isdir(self.path) else None
             raise FileNotFoundError(
                 f"{self.path} is not a t2t model directory: expected {checkpoints}/ with Orbax "
                 f"checkpoints (written by `t2t train`); "
@@ -94,19 +95,18 @@ class ModelDir:
         metadata = self.metadata(step)
         if "config" in metadata:
             return manager_lib.config_from_metadata(metadata)
-        path = os.path.join(self.path, MODEL_CONFIG_JSON)
-        if os.path.exists(path):
-            with open(path) as f:
-                return t2t_nn.TransformerConfig(**json.load(f))
+        path = files.join(self.path, MODEL_CONFIG_JSON)
+        if files.exists(path):
+            return t2t_nn.TransformerConfig(**json.loads(files.read_text(path)))
         return manager_lib.config_from_metadata(metadata)  # raises, explaining what is missing
 
     def vocabulary_file(self, step: int | None = None) -> tuple[str, int]:
         """The SentencePiece model file and number of extra ids the checkpoint was trained with:
         the directory's own copy (`spiece.model`) when it has one, else the recorded path."""
         entry = self.metadata(step).get("vocabulary")
-        own = os.path.join(self.path, VOCABULARY_FILE)
+        own = files.join(self.path, VOCABULARY_FILE)
         if not isinstance(entry, dict) or "sentencepiece_model_file" not in entry:
-            if os.path.exists(own):
+            if files.exists(own):
                 return own, 100
             raise ValueError(
                 f"The checkpoint metadata in {self.path} names no vocabulary (expected "
@@ -115,10 +115,10 @@ class ModelDir:
                 "--vocabulary_file=PATH)."
             )
         extra_ids = int(entry.get("extra_ids", 100))
-        if os.path.exists(own):
+        if files.exists(own):
             return own, extra_ids
         path = entry["sentencepiece_model_file"]
-        if not os.path.exists(path) and "://" not in path:
+        if not files.is_remote(path) and not files.exists(path):
             raise FileNotFoundError(
                 f"The vocabulary {path} recorded in {self.path}'s checkpoint metadata does not "
                 f"exist on this machine, and the directory has no copy ({VOCABULARY_FILE}, "
@@ -134,8 +134,8 @@ class ModelDir:
 
     def gin_config_path(self) -> str | None:
         """`<model_dir>/config.gin` when the run wrote one."""
-        path = os.path.join(self.path, CONFIG_GIN)
-        return path if os.path.exists(path) else None
+        path = files.join(self.path, CONFIG_GIN)
+        return path if files.exists(path) else None
 
     # -- weights -------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 
 from t2t import terminal
@@ -109,6 +110,21 @@ def _preempted() -> tuple[type[BaseException], ...]:
     return (loop.Preempted,) if loop is not None else ()
 
 
+# A gs:// path in a flag or a gin binding (up to a quote, a comma, a bracket or a space).
+_OBJECT_STORE_PATH = re.compile(r"gs://[^\s'\",\]\)}]+")
+
+
+def _check_object_stores(arguments: list[str]) -> None:
+    """Before a command starts: every bucket its flags and bindings name can be reached with
+    this machine's credentials, or a StorageError (exit 2) says why within seconds, where the
+    storage clients of TensorFlow and TensorStore would retry for minutes."""
+    paths = _OBJECT_STORE_PATH.findall(" ".join(arguments))
+    if paths:
+        from t2t import files
+
+        files.check_reachable(*paths)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     # On GPUs, JAX's threefry random numbers as one CUDA kernel instead of unrolled XLA ops: the
@@ -138,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         else contextlib.nullcontext()
     )
     try:
+        _check_object_stores(argv + gin_bindings)
         with signals:  # the trainer takes over while it trains (saves, then stops)
             code = args.handler(args)
     except _preempted() as stopped:  # SIGTERM / SIGINT: a checkpoint was saved, a clean stop

@@ -132,8 +132,8 @@ def _unbalanced(gin_files: list[str], bindings: list[str], search_paths: list[st
     for name in gin_files:
         for root in ["", *search_paths, *runs.default_search_paths()]:
             path = os.path.join(root, name)
-            if os.path.isfile(path):
-                with open(path) as f:
+            if os.path.isfile(path):  # local path: gin reads local files
+                with open(path) as f:  # local path: gin reads local files
                     if opens_unclosed(f.read()):
                         return path
                 break

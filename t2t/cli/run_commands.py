@@ -180,7 +180,9 @@ def add_study(subparsers) -> None:
             overrides["plan"] = True
             overrides["plan_timing"] = args.plan_timing
         if args.plan:
-            if not os.path.isfile(args.plan):
+            from t2t import files
+
+            if not files.exists(args.plan) or files.isdir(args.plan):
                 raise UserError(
                     f"--plan needs a finished study's study.json; {args.plan!r} is not a file "
                     "(e.g. studies/results/builtin_tiny/pretraining/study.json)."
@@ -211,12 +213,13 @@ def _study_file(name: str) -> str:
 
     for root in runs.default_search_paths():
         path = os.path.join(root, "studies", f"{name}.gin")
-        if os.path.exists(path):
+        if os.path.exists(path):  # local path: gin files
             return path
     root = runs.default_search_paths()[0]
+    studies = os.path.join(root, "studies")
     known = (
-        sorted(f[:-4] for f in os.listdir(os.path.join(root, "studies")) if f.endswith(".gin"))
-        if os.path.isdir(os.path.join(root, "studies"))
+        sorted(f[:-4] for f in os.listdir(studies) if f.endswith(".gin"))  # local path: gin files
+        if os.path.isdir(studies)  # local path: gin files
         else []
     )
     raise ValueError(f"No study {name!r}; gin/studies/ has {known}.")

@@ -18,12 +18,12 @@ t2t installed and the task modules named with `--module`).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 
 import seqio
 
+from t2t import files
 from t2t.errors import UserError
 
 COMPLETED = "COMPLETED"
@@ -71,22 +71,20 @@ def cache_tasks(
       {task name: its cache directory} for every task now cached there.
     """
     import apache_beam as beam
-    import tensorflow as tf
     from seqio import beam_utils
 
     tasks = tasks_to_cache(names)
     directories = {
-        task.name: os.path.join(output_cache_dir, seqio.get_task_dir_from_name(task.name))
+        task.name: files.join(output_cache_dir, seqio.get_task_dir_from_name(task.name))
         for task in tasks
     }
     todo = []
     for task in tasks:
         directory = directories[task.name]
-        if tf.io.gfile.exists(os.path.join(directory, COMPLETED)) and not overwrite:
+        if files.exists(files.join(directory, COMPLETED)) and not overwrite:
             report(f"{task.name}: already cached in {directory} (--overwrite rebuilds it)")
             continue
-        if tf.io.gfile.exists(directory):
-            tf.io.gfile.rmtree(directory)  # an interrupted or replaced cache
+        files.rmtree(directory)  # an interrupted or replaced cache
         todo.append(task)
     if not todo:
         return directories
@@ -121,7 +119,6 @@ def cache_tasks(
                     >> beam_utils.WriteJson(seqio.get_cached_stats_path(directory, split))
                 )
     for task in todo:  # written once every split is, so a half-built cache is never read
-        with tf.io.gfile.GFile(os.path.join(directories[task.name], COMPLETED), "w") as f:
-            f.write("")
+        files.write_text(files.join(directories[task.name], COMPLETED), "")
     report(f"cached {len(todo)} task(s) in {time.time() - start:.1f} s")
     return directories

@@ -11,12 +11,12 @@ batches an uninterrupted run would have. TensorFlow is kept off the accelerators
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import seqio
 
+from t2t import files
 from t2t.data import features, registry, subsample, tf_setup
 
 _CHECKPOINT_NAME = "data_iterator"
@@ -210,8 +210,8 @@ class InputPipeline:
 
     def save(self, directory: str) -> str:
         """Writes the iterator state under `directory`; returns the checkpoint prefix."""
-        os.makedirs(directory, exist_ok=True)
-        return self._checkpoint.write(os.path.join(directory, _CHECKPOINT_NAME))
+        files.makedirs(directory)
+        return self._checkpoint.write(files.join(directory, _CHECKPOINT_NAME))
 
     def restore(self, directory: str) -> None:
         """Moves this (fresh) pipeline to the position saved by `save(directory)`.
@@ -219,8 +219,8 @@ class InputPipeline:
         Raises:
           ValueError: when `directory` holds no saved data iterator.
         """
-        prefix = os.path.join(directory, _CHECKPOINT_NAME)
-        if not os.path.exists(prefix + ".index"):
+        prefix = files.join(directory, _CHECKPOINT_NAME)
+        if not files.exists(prefix + ".index"):
             raise ValueError(
                 f"No data iterator state in {directory!r} (expected {prefix}.index, written by "
                 "InputPipeline.save). Restore from the directory given to save()."

@@ -15,6 +15,8 @@ import os
 
 import seqio
 
+from t2t import files
+
 _IMPORT_HINT = (
     "Tasks and mixtures are registered by importing their modules, e.g. "
     "`import t2t.data.tasks.builtin`, `t2t.data.tasks.c4`, `t2t.data.tasks.glue`, "
@@ -117,7 +119,7 @@ def check_ready(provider: seqio.Task | seqio.Mixture, *, use_cached: bool = Fals
     for task in seqio.get_subtasks(provider):
         for name, feature in task.output_features.items():
             path = getattr(feature.vocabulary, "sentencepiece_model_file", None)
-            if path and "://" not in path and not os.path.exists(path):
+            if path and not files.is_remote(path) and not files.exists(path):
                 if path == os.environ.get("T2T_VOCABULARY"):
                     fix = (
                         "$T2T_VOCABULARY names it: point it at a SentencePiece model (T5's is "

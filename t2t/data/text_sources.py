@@ -13,9 +13,10 @@ A source is named by a spec string:
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 from collections.abc import Iterator, Sequence
+
+from t2t import files
 
 TFDS_PREFIX = "tfds:"
 
@@ -49,14 +50,14 @@ class TextSource:
 
 
 def _file_documents(pattern: str) -> Iterator[str]:
-    paths = sorted(glob.glob(os.path.expanduser(pattern)))
+    paths = files.glob(pattern if files.is_remote(pattern) else os.path.expanduser(pattern))
     if not paths:
         raise ValueError(
             f"No file matches {pattern!r}. Pass an existing text file or glob, or 'tfds:NAME' for "
             "a TFDS dataset."
         )
     for path in paths:
-        with open(path, "rb") as f:
+        with files.open_file(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 try:
                     line = raw.decode("utf-8").strip()

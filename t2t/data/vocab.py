@@ -14,12 +14,13 @@ from __future__ import annotations
 import io
 import logging
 import os
-import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
 
 import sentencepiece as spm
 import seqio
+
+from t2t import files
 
 NUM_SENTINELS = 100
 PAD_ID = 0
@@ -229,17 +230,8 @@ def _training_error(error: RuntimeError, num_pieces: int) -> Exception:
 
 
 def _write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".model")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
+    files.makedirs(files.parent(files.absolute(path)))
+    files.write_bytes(path, data)
 
 
 def train_vocabulary(

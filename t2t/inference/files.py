@@ -13,7 +13,7 @@ import numpy as np
 import seqio
 from flax import nnx
 
-from t2t import decoding, models
+from t2t import decoding, files, models
 from t2t.inference.predictor import DEFAULT_MAX_DECODE_LENGTH, Example, Params, Predictor
 
 INPUT_FORMATS = ("jsonl", "tsv")
@@ -35,7 +35,7 @@ def read_examples(path: str, file_format: str | None = None) -> list[dict[str, s
         raise ValueError(f"file_format must be one of {INPUT_FORMATS}, got {file_format!r}.")
     examples = []
     parse = _parse_jsonl_line if file_format == "jsonl" else _parse_tsv_line
-    with open(path, "rb") as f:
+    with files.open_file(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
@@ -215,14 +215,11 @@ def write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> int:
     count = 0
     if jax.process_index() != 0:
         return sum(1 for _ in records)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as f:
+    files.makedirs(files.parent(files.absolute(path)))
+    with files.atomic_writer(path) as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             count += 1
-    os.replace(temporary, path)
     return count
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import gin
 
+from t2t import files
 from t2t.runs.helpers import resolve_model_config
 from t2t.runs.train_run import train
 from t2t.trainer.options import DataOptions
@@ -143,7 +144,6 @@ def compile_train(
     )
     print(aot.format_report(report), flush=True)
     if output_json:
-        with open(output_json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
+        files.write_text(output_json, json.dumps(report.to_json(), indent=2))
         print(f"wrote {output_json}")
     return report

@@ -17,13 +17,14 @@ def default_search_paths() -> list[str]:
     """Where the shipped gin files are: the `gin/` directory and its parent, so both
     `gin/experiments/x.gin` and an `include 'runs/pretrain.gin'` resolve. From a checkout that
     is the repository's `gin/`; installed (a wheel), the copy in the package (`t2t._shipped`)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # t2t/
+    here = os.path.abspath(__file__)  # local path: the package
+    package = os.path.dirname(os.path.dirname(here))  # t2t/
     roots = (os.path.dirname(package), os.path.join(package, "_shipped"))
     return [
         p
         for root in roots
         for p in (os.path.join(root, "gin"), root)
-        if os.path.isdir(os.path.join(root, "gin"))
+        if os.path.isdir(os.path.join(root, "gin"))  # local path: the package
     ]
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from t2t import files
 from t2t.errors import UserError
 from t2t.nn.config import TransformerConfig
 from t2t.runs.externals import checkpoint_model_config
@@ -88,7 +88,6 @@ def use_carried_vocabulary(*directories: str | None) -> str | None:
     the SentencePiece model the first of `directories` carries (`spiece.model`: a t2t model
     directory's copy, a HF directory's tokenizer), so a checkpoint is read with its own
     tokenizer wherever it was moved. Returns the file used, or None when none carries one."""
-    import tensorflow as tf
 
     from t2t.checkpoints import model_dir as model_dir_lib
     from t2t.data import vocab
@@ -96,8 +95,8 @@ def use_carried_vocabulary(*directories: str | None) -> str | None:
     for directory in directories:
         if not directory or not isinstance(directory, str):
             continue
-        path = os.path.join(directory.split("@")[0], model_dir_lib.VOCABULARY_FILE)
-        if tf.io.gfile.exists(path):
+        path = files.join(directory.split("@")[0], model_dir_lib.VOCABULARY_FILE)
+        if files.exists(path):
             if vocab.default_vocabulary_path() != path:
                 logging.info("Tasks with the default vocabulary use %s.", path)
             vocab.set_default_vocabulary(path)
@@ -132,17 +131,15 @@ def refuse_overwriting_inputs(
         if path:
             root = _real(str(path).split("@")[0])
             read[flag] = root
-            read.update(
-                {f"{flag} ({name})": os.path.join(root, name) for name in _MODEL_DIR_INPUTS}
-            )
+            read.update({f"{flag} ({name})": files.join(root, name) for name in _MODEL_DIR_INPUTS})
     for out_flag, out_path in outputs.items():
         target = _real(out_path) if out_path else None
         for in_flag, source in read.items() if target else ():
             if target == source:
                 problem = "is"
-            elif source.startswith(target + os.sep):
+            elif source.startswith(target.rstrip("/") + "/"):
                 problem = "contains"
-            elif in_flag.endswith("(checkpoints)") and target.startswith(source + os.sep):
+            elif in_flag.endswith("(checkpoints)") and target.startswith(source.rstrip("/") + "/"):
                 problem = "is inside"
             else:
                 continue
@@ -153,4 +150,4 @@ def refuse_overwriting_inputs(
 
 
 def _real(path: str) -> str:
-    return os.path.realpath(os.path.expanduser(str(path)))
+    return files.real(str(path))

@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import numbers
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ import gin
 import jax
 import optax
 
-from t2t import models
+from t2t import files, models
 from t2t.errors import UserError
 from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
@@ -417,14 +416,15 @@ def _check_resumable(model_dir: str, metadata: Mapping[str, Any]) -> None:
     synchronize every host when they open (hosts reach this point at different times)."""
     from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR
 
-    directory = os.path.join(model_dir, CHECKPOINTS_SUBDIR)
-    if "://" in model_dir or not os.path.isdir(directory):
+    directory = files.join(model_dir, CHECKPOINTS_SUBDIR)
+    if not files.isdir(directory):
         return
     saved = None
-    for step in sorted((int(n) for n in os.listdir(directory) if n.isdigit()), reverse=True):
+    for step in sorted((int(n) for n in files.listdir(directory) if n.isdigit()), reverse=True):
         try:
-            with open(os.path.join(directory, str(step), "metadata", "metadata")) as f:
-                saved = json.load(f)
+            saved = json.loads(
+                files.read_text(files.join(directory, str(step), "metadata", "metadata"))
+            )
             break
         except (OSError, ValueError):
             continue  # damaged: the restore will report it and fall back
@@ -450,19 +450,16 @@ def write_run_files(
 ) -> None:
     """Writes `config.gin` (the operative gin config), `model_config.json` and a copy of the
     SentencePiece model, `spiece.model`, so the directory is self-contained (process 0)."""
-    import tensorflow as tf
-
     from t2t.checkpoints import model_dir as model_dir_lib
 
     if jax.process_index() != 0:
         return
-    os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, model_dir_lib.CONFIG_GIN), "w") as f:
-        f.write(gin.operative_config_str())
-    with open(os.path.join(model_dir, model_dir_lib.MODEL_CONFIG_JSON), "w") as f:
-        json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
-    copy = os.path.join(model_dir, model_dir_lib.VOCABULARY_FILE)
-    if vocabulary_file and os.path.abspath(vocabulary_file) != os.path.abspath(copy):
-        temporary = copy + ".tmp"  # renamed into place: never a half-written tokenizer
-        tf.io.gfile.copy(vocabulary_file, temporary, overwrite=True)
-        tf.io.gfile.rename(temporary, copy, overwrite=True)
+    files.makedirs(model_dir)
+    files.write_text(files.join(model_dir, model_dir_lib.CONFIG_GIN), gin.operative_config_str())
+    files.write_text(
+        files.join(model_dir, model_dir_lib.MODEL_CONFIG_JSON),
+        json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True),
+    )
+    copy = files.join(model_dir, model_dir_lib.VOCABULARY_FILE)
+    if vocabulary_file and files.absolute(vocabulary_file) != files.absolute(copy):
+        files.copy(vocabulary_file, copy)  # replaced whole: never a half-written tokenizer

@@ -16,12 +16,13 @@ CITATION = (
     "Raffel et al., Exploring the Limits of Transfer Learning with a Unified "
     "Text-to-Text Transformer, JMLR 21(140), 2020 (arXiv:1910.10683)"
 )
-PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_tables.json")
+_HERE = os.path.dirname(os.path.abspath(__file__))  # local path: package data
+PATH = os.path.join(_HERE, "paper_tables.json")
 
 
 @functools.lru_cache(maxsize=1)
 def tables() -> dict[str, Any]:
-    with open(PATH, encoding="utf-8") as f:
+    with open(PATH, encoding="utf-8") as f:  # local path: package data
         return json.load(f)
 
 

@@ -14,12 +14,11 @@ of every timed stage. It holds for the machine and load of the measured runs.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from t2t import chain
+from t2t import chain, files
 from t2t.studies import paper as paper_lib
 from t2t.studies import power
 
@@ -46,8 +45,7 @@ def describe(grid, unscored, study_dir, search_paths, **options) -> str:
     ]
     timing = list(options["plan_timing"]) or [study_dir]
     if not options["plan_timing"] and options["plan_from"]:
-        with open(options["plan_from"]) as f:
-            measured = json.load(f).get("study_dir")
+        measured = json.loads(files.read_text(options["plan_from"])).get("study_dir")
         if measured and measured not in timing:
             timing.append(measured)
     stages = stages_to_train(unscored, search_paths)
@@ -83,11 +81,11 @@ def stage_rates(directories: Iterable[str]) -> dict[tuple[str, str | None], list
     stages recorded before chain.json named it."""
     rates: dict[tuple[str, str | None], list[float]] = {}
     for top in directories:
-        for root, _, files in os.walk(top):
-            if CHAIN_FILE not in files:
+        found = files.files_under(top) if files.isdir(top) else []
+        for name in found:
+            if name.split("/")[-1] != CHAIN_FILE:
                 continue
-            with open(os.path.join(root, CHAIN_FILE)) as f:
-                records = json.load(f).get("stages", [])
+            records = json.loads(files.read_text(files.join(top, name))).get("stages", [])
             for record in records:
                 steps, seconds = record.get("trained_steps"), record.get("seconds")
                 if steps and seconds is not None and not record.get("skipped"):
@@ -154,7 +152,7 @@ def wall_time_lines(
         return ["Wall time: nothing left to train (every run has its score)."]
     steps = sum(s for _, _, s in stages)
     head = f"Wall time: {runs_left} runs left, {len(stages)} stages to train ({steps:,} steps)"
-    rates = stage_rates(d for d in timing_dirs if os.path.isdir(d))
+    rates = stage_rates(d for d in timing_dirs if files.isdir(d))
     estimate = wall_time(stages, rates)
     if estimate["seconds"] is None:
         return [
@@ -188,8 +186,7 @@ def wall_time_lines(
 def seeds_lines(name_arms: Sequence[str], paper, plan_from: str, plan_arms) -> list[str]:
     """The seeds part of the plan: the spread of the finished study whose study.json is
     `plan_from`, and per pair of arms the paper scores, the seeds Welch's test needs."""
-    with open(plan_from) as f:
-        spread = power.spread_of(json.load(f), plan_arms)
+    spread = power.spread_of(json.loads(files.read_text(plan_from)), plan_arms)
     lines = [
         f"Spread from {plan_from}: per-seed std of the suite average "
         f"{spread['pooled_std']:.2f} pooled ("

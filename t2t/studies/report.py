@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from t2t import files
 from t2t.studies import aggregate
 from t2t.studies import paper as paper_data
 
@@ -162,8 +163,10 @@ def plot(result: Mapping[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig = figure(result)
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    files.write_bytes(path, image.getvalue())
 
 
 def figure(result: Mapping[str, Any]):
@@ -213,12 +216,10 @@ def figure(result: Mapping[str, Any]):
 
 def write(study_dir: str, result: Mapping[str, Any]) -> None:
     """study.json, study.md and study.png in `study_dir`."""
-    os.makedirs(study_dir, exist_ok=True)
-    with open(os.path.join(study_dir, "study.json"), "w") as f:
-        json.dump(_jsonable(result), f, indent=1)
-    with open(os.path.join(study_dir, "study.md"), "w") as f:
-        f.write(markdown(result))
-    plot(result, os.path.join(study_dir, "study.png"))
+    files.makedirs(study_dir)
+    files.write_text(files.join(study_dir, "study.json"), json.dumps(_jsonable(result), indent=1))
+    files.write_text(files.join(study_dir, "study.md"), markdown(result))
+    plot(result, files.join(study_dir, "study.png"))
 
 
 def _jsonable(value):

@@ -23,7 +23,6 @@ import contextlib
 import io
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 
 import gin
 
-from t2t import chain
+from t2t import chain, files
 from t2t.errors import UserError
 from t2t.studies import aggregate, baselines, report
 from t2t.studies import plan as plan_lib
@@ -93,7 +92,7 @@ def expand(
         evaluates = True
     else:
         evaluates = False
-    base = os.path.join(study_dir, _slug(arm["name"]), f"seed{seed}")
+    base = files.join(study_dir, _slug(arm["name"]), f"seed{seed}")
     stages = []
     for index, spec in enumerate(specs):
         unknown = sorted(set(spec) - set(STAGE_KEYS))
@@ -131,15 +130,15 @@ def expand(
             if lengths and task in lengths:
                 bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")
         if per_task:
-            directory = os.path.join(base, task, spec["name"])
+            directory = files.join(base, task, spec["name"])
         elif share == "study":
-            directory = os.path.join(study_dir, "shared", f"seed{seed}", spec["name"])
+            directory = files.join(study_dir, "shared", f"seed{seed}", spec["name"])
         elif share == "seeds":
-            directory = os.path.join(study_dir, _slug(arm["name"]), spec["name"])
+            directory = files.join(study_dir, _slug(arm["name"]), spec["name"])
         elif share == "all":
-            directory = os.path.join(study_dir, "shared", spec["name"])
+            directory = files.join(study_dir, "shared", spec["name"])
         else:
-            directory = os.path.join(base, spec["name"])
+            directory = files.join(base, spec["name"])
         stages.append(
             chain.Stage(
                 name=spec["name"],
@@ -157,8 +156,8 @@ def run_score(model_dir: str, task: str) -> float | None:
     metrics (NaN counts as 0); None when it has none."""
     from t2t.trainer import reporting
 
-    path = os.path.join(model_dir, "eval")
-    if not os.path.isdir(path):
+    path = files.join(model_dir, "eval")
+    if not files.isdir(path):
         return None
     scalars = reporting.read_scalars(path)
     names = [
@@ -330,11 +329,10 @@ def run(
 def _score_of_commands(study_dir, arm, task, seed, bindings, lengths, corpus) -> float | None:
     """The score of a run whose printed commands were run by hand (no score.json)."""
     if _evaluates(arm):
-        path = os.path.join(_run_dir(study_dir, arm, task, seed), "eval.json")
-        if not os.path.exists(path):
+        path = files.join(_run_dir(study_dir, arm, task, seed), "eval.json")
+        if not files.exists(path):
             return None
-        with open(path) as f:
-            (metrics,) = json.load(f)["steps"].values()
+        (metrics,) = json.loads(files.read_text(path))["steps"].values()
         values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
         return baselines.task_score(values) if values else None
     last = expand(arm, task, seed, study_dir, bindings, lengths, corpus)[-1]
@@ -342,15 +340,14 @@ def _score_of_commands(study_dir, arm, task, seed, bindings, lengths, corpus) ->
 
 
 def _run_dir(study_dir: str, arm: Mapping[str, Any], task: str, seed: int) -> str:
-    return os.path.join(study_dir, _slug(arm["name"]), f"seed{seed}", task)
+    return files.join(study_dir, _slug(arm["name"]), f"seed{seed}", task)
 
 
 def _read_score(study_dir, arm, task, seed) -> float | None:
-    path = os.path.join(_run_dir(study_dir, arm, task, seed), SCORE_FILE)
-    if not os.path.exists(path):
+    path = files.join(_run_dir(study_dir, arm, task, seed), SCORE_FILE)
+    if not files.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)["score"]
+    return json.loads(files.read_text(path))["score"]
 
 
 def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
@@ -377,18 +374,14 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
             score = _evaluate(stages[-1].directory, task, directory, lengths)
         else:
             score = run_score(stages[-1].directory, task)
-        with open(os.path.join(directory, SCORE_FILE), "w") as f:
-            json.dump(
-                {
-                    "arm": arm["name"],
-                    "task": task,
-                    "seed": seed,
-                    "score": score,
-                    "model_dir": stages[-1].directory,
-                },
-                f,
-                indent=1,
-            )
+        record = {
+            "arm": arm["name"],
+            "task": task,
+            "seed": seed,
+            "score": score,
+            "model_dir": stages[-1].directory,
+        }
+        files.write_text(files.join(directory, SCORE_FILE), json.dumps(record, indent=1))
     print(
         f"study: {len(todo)} runs trained in {(time.perf_counter() - start) / 60:.1f} min, "
         f"{done_before} found done",
@@ -423,7 +416,7 @@ def _evaluate(model_dir: str, task: str, run_dir: str, lengths) -> float | None:
     results = evaluation.evaluate_model_dir(
         model_dir,
         [task],
-        output_file=os.path.join(run_dir, "eval.json"),
+        output_file=files.join(run_dir, "eval.json"),
         task_feature_lengths=dict(lengths[task]) if lengths and task in lengths else None,
         console=None,
     )
@@ -435,7 +428,7 @@ def _evaluate(model_dir: str, task: str, run_dir: str, lengths) -> float | None:
 def _eval_command(model_dir: str, task: str, run_dir: str) -> str:
     return (
         f"t2t eval --model_dir={model_dir} --tasks={task} "
-        f"--output_file={os.path.join(run_dir, 'eval.json')}"
+        f"--output_file={files.join(run_dir, 'eval.json')}"
     )
 
 
@@ -478,16 +471,14 @@ def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> N
 
 def _baselines(study_dir: str, tasks: Sequence[str]) -> dict[str, float]:
     """Each task's constant-baseline score, computed once per study directory."""
-    path = os.path.join(study_dir, BASELINES_FILE)
+    path = files.join(study_dir, BASELINES_FILE)
     cached: dict[str, Any] = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            cached = json.load(f)
+    if files.exists(path):
+        cached = json.loads(files.read_text(path))
     for task in tasks:
         if task not in cached:
             metrics = baselines.constant_baseline(task)
             cached[task] = {"metrics": metrics, "score": baselines.task_score(metrics)}
-    os.makedirs(study_dir, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(cached, f, indent=1, sort_keys=True)
+    files.makedirs(study_dir)
+    files.write_text(path, json.dumps(cached, indent=1, sort_keys=True))
     return {task: cached[task]["score"] for task in tasks}

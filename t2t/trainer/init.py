@@ -7,7 +7,6 @@ optimizer state.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import jax
 import optax
 from flax import nnx
 
+from t2t import files
 from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import (
     DAMAGED_SUBDIR,
@@ -183,8 +183,8 @@ def _restore(manager, abstract_params, tx, partitioner, train_data) -> TrainStat
 def _refuse_silent_restart(manager: CheckpointManager) -> None:
     """Raises UserError when the directory once held checkpoints and none is intact now."""
     model_dir = manager.model_dir
-    damaged = os.path.join(model_dir, DAMAGED_SUBDIR)
-    held = sorted(os.listdir(damaged)) if os.path.isdir(damaged) else []
+    damaged = files.join(model_dir, DAMAGED_SUBDIR)
+    held = files.listdir(damaged) if files.isdir(damaged) else []
     if held:
         raise UserError(
             f"{model_dir} has no intact checkpoint: the ones it held are damaged and were set "

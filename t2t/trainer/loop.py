@@ -46,6 +46,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from t2t import files
 from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import BestMetric, CheckpointManager
 from t2t.finetuning import FineTuning
@@ -248,8 +249,8 @@ class Trainer:
         """Loss-curve points an earlier (interrupted) run of this model directory logged."""
         if self.step == 0 or not self.is_chief:
             return [], {}
-        train = reporting.read_scalars(os.path.join(self.model_dir, "train"), self.step)
-        evals = reporting.read_scalars(os.path.join(self.model_dir, "eval"), self.step)
+        train = reporting.read_scalars(files.join(self.model_dir, "train"), self.step)
+        evals = reporting.read_scalars(files.join(self.model_dir, "eval"), self.step)
         suffix = reporting.CURVE_EVAL_SUFFIX
         return (
             list(train.get(reporting.CURVE_TRAIN_TAG, [])),
@@ -597,14 +598,14 @@ class Trainer:
 
     def plot_loss_curve(self) -> str:
         """Redraws `<model_dir>/loss_curve.png` (process 0 only); returns its path."""
-        path = os.path.join(self.model_dir, LOSS_CURVE_FILE)
+        path = files.join(self.model_dir, LOSS_CURVE_FILE)
         if not self.is_chief:
             return path
         reporting.plot_loss_curve(
             path,
             self._curve_train,
             self._curve_eval,
-            title=os.path.basename(os.path.normpath(self.model_dir)),
+            title=files.basename(self.model_dir),
         )
         return path
 

@@ -10,15 +10,16 @@
 from __future__ import annotations
 
 import contextlib
-import glob
+import io
 import logging
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
+
+from t2t import files
 
 # The per-step quantity both curves of the plot share: nats per real target token.
 CURVE_TRAIN_TAG = "cross_ent_per_token"
@@ -54,7 +55,7 @@ class ScalarWriter:
     def __init__(self, directory: str):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        os.makedirs(directory, exist_ok=True)
+        files.makedirs(directory)
         self.directory = directory
         self._writer = EventFileWriter(directory)
 
@@ -99,7 +100,7 @@ def run_writers(model_dir: str, first_step: int) -> dict[str, ScalarWriter | NoW
         if jax.process_index() != 0:
             writers[name] = NoWriter()
             continue
-        writers[name] = ScalarWriter(os.path.join(model_dir, name))
+        writers[name] = ScalarWriter(files.join(model_dir, name))
         writers[name].restart(first_step)
     return writers
 
@@ -110,7 +111,7 @@ def read_scalars(directory: str, max_step: int | None = None) -> dict[str, list[
     Events an interrupted run wrote past the step its successor restarted from are dropped (the
     `restart` markers), and so is anything past `max_step`.
     """
-    if not glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+    if not files.glob(files.join(directory, "events.out.tfevents.*")):
         return {}
     from tensorboard.backend.event_processing import event_accumulator
 
@@ -244,7 +245,7 @@ def plot_loss_curve(
     if train or any(evals.values() if isinstance(evals, Mapping) else ()):
         axis.legend()
     figure.tight_layout()
-    staging = path + ".tmp.png"
-    figure.savefig(staging)
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
     plt.close(figure)
-    os.replace(staging, path)
+    files.write_bytes(path, image.getvalue())

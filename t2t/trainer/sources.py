@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from t2t import files
 from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR, CheckpointManager, config_from_metadata
@@ -45,14 +46,14 @@ def checkpoint_kind(path: str) -> str:
     Raises:
       FileNotFoundError: when `path` is neither.
     """
-    if os.path.exists(os.path.join(path, hf.CONFIG_FILE)) and (
-        os.path.exists(os.path.join(path, hf.WEIGHTS_FILE))
-        or os.path.exists(os.path.join(path, hf.WEIGHTS_INDEX_FILE))
+    if files.exists(files.join(path, hf.CONFIG_FILE)) and (
+        files.exists(files.join(path, hf.WEIGHTS_FILE))
+        or files.exists(files.join(path, hf.WEIGHTS_INDEX_FILE))
     ):
         return HF
-    if os.path.isdir(os.path.join(path, CHECKPOINTS_SUBDIR)):
+    if files.isdir(files.join(path, CHECKPOINTS_SUBDIR)):
         return T2T
-    found = sorted(os.listdir(path)) if os.path.isdir(path) else "no such directory"
+    found = files.listdir(path) if files.isdir(path) else "no such directory"
     raise FileNotFoundError(
         f"Cannot start from {path!r} (it holds: {found}). Expected a HF T5 directory "
         f"({hf.CONFIG_FILE} + {hf.WEIGHTS_FILE}) or a t2t model directory (with "
@@ -62,8 +63,8 @@ def checkpoint_kind(path: str) -> str:
 
 def _model_dir(path: str) -> str:
     """A t2t model directory given itself or its checkpoints/ subdirectory."""
-    path = os.path.normpath(path)
-    return os.path.dirname(path) if os.path.basename(path) == CHECKPOINTS_SUBDIR else path
+    path = files.normalize(path)
+    return files.parent(path) if files.basename(path) == CHECKPOINTS_SUBDIR else path
 
 
 # A checkpoint spec's step suffix: "@1200", "@last", "@best:METRIC" (see `resolve`).
@@ -83,7 +84,7 @@ def resolve(spec: str) -> tuple[str, int | None]:
       ValueError: no checkpoint of DIR has METRIC (the message lists the metrics it has).
     """
     match = _STEP_SUFFIX.match(os.fspath(spec))
-    if match is None or os.path.exists(spec):
+    if match is None or files.exists(spec):
         return os.fspath(spec), None
     path, which = match.group("path"), match.group("which")
     if which == "last":
@@ -120,8 +121,9 @@ def source_config(path: str, **overrides) -> TransformerConfig:
     `overrides` applied."""
     path, step = resolve(path)
     if checkpoint_kind(path) == HF:
-        with open(os.path.join(path, hf.CONFIG_FILE)) as f:
-            return hf.config_from_hf(json.load(f), **overrides)
+        return hf.config_from_hf(
+            json.loads(files.read_text(files.join(path, hf.CONFIG_FILE))), **overrides
+        )
     manager = CheckpointManager(_model_dir(path), read_only=True)
     return config_from_metadata(manager.read_metadata(step)).replace(**overrides)
 
@@ -198,7 +200,7 @@ def load_params(
     step = spec_step if step is None else step
     if checkpoint_kind(path) == HF:
         source, state = hf.import_hf(path, scan_layers=config.scan_layers)
-        description: dict[str, Any] = {"kind": HF, "path": os.path.abspath(path)}
+        description: dict[str, Any] = {"kind": HF, "path": files.absolute(path)}
         check_compatible(source, config, f"HF checkpoint {path}", reinit=bool(reinit))
         if not (reinit or config.additions):
             return _place(nnx.to_pure_dict(state), abstract_params), description
@@ -207,7 +209,7 @@ def load_params(
         source, values, loaded_step = _restore_t2t(
             path, step, config, abstract_params, partitioner, bool(reinit)
         )
-        description = {"kind": T2T, "path": os.path.abspath(path), "step": loaded_step}
+        description = {"kind": T2T, "path": files.absolute(path), "step": loaded_step}
         if isinstance(values, nnx.State):  # the same network: already in the run's shards
             return values, description
     if source.lora_rank and not config.lora_rank:

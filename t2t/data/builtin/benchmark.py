@@ -86,7 +86,7 @@ def shuffle_words(sentence: str, rng: random.Random) -> str:
 
 def _documents(path: str) -> list[list[str]]:
     """Every document's sentences, in order."""
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:  # local path: corpus cache
         return [s for s in (split_sentences(line) for line in f) if s]
 
 
@@ -176,9 +176,9 @@ def task_path(corpus_directory: str, task: str, split: str) -> str:
 def get_or_build(corpus) -> str:
     """Builds the benchmark's files beside the corpus (once); returns their directory."""
     directory = directory_of(corpus.directory)
-    if os.path.exists(os.path.join(directory, "stats.json")):
+    if os.path.exists(os.path.join(directory, "stats.json")):  # local path: corpus cache
         return directory
-    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    os.makedirs(os.path.dirname(directory), exist_ok=True)  # local path: corpus cache
     staging = tempfile.mkdtemp(dir=os.path.dirname(directory), prefix=".building-")
     try:
         stats = {}
@@ -190,20 +190,24 @@ def get_or_build(corpus) -> str:
                 rng.shuffle(rows)
                 rows = rows[: SIZES[task][split]]
                 path = os.path.join(staging, task, f"{split}.tsv")
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "w", encoding="utf-8") as f:
+                os.makedirs(os.path.dirname(path), exist_ok=True)  # local path: corpus cache
+                with open(path, "w", encoding="utf-8") as f:  # local path: corpus cache
                     f.writelines("\t".join(row) + "\n" for row in rows)
                 stats[f"{task}_{split}"] = {"examples": len(rows), "labels": _label_counts(rows)}
-        with open(os.path.join(staging, "stats.json"), "w", encoding="utf-8") as f:
+        with open(
+            os.path.join(staging, "stats.json"), "w", encoding="utf-8"
+        ) as f:  # local path: corpus cache
             json.dump(stats, f, indent=2, sort_keys=True)
         try:
-            os.rename(staging, directory)
+            os.rename(staging, directory)  # local path: corpus cache
         except OSError:
-            if not os.path.exists(os.path.join(directory, "stats.json")):
+            if not os.path.exists(
+                os.path.join(directory, "stats.json")
+            ):  # local path: corpus cache
                 raise
     finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
+        if os.path.exists(staging):  # local path: corpus cache
+            shutil.rmtree(staging)  # local path: corpus cache
     return directory
 
 
@@ -215,5 +219,7 @@ def _label_counts(rows) -> dict[str, int]:
 
 
 def stats(corpus) -> dict:
-    with open(os.path.join(get_or_build(corpus), "stats.json"), encoding="utf-8") as f:
+    with open(
+        os.path.join(get_or_build(corpus), "stats.json"), encoding="utf-8"
+    ) as f:  # local path: corpus cache
         return json.load(f)

@@ -64,7 +64,9 @@ class BuiltinCorpus:
 
     @property
     def stats(self) -> dict:
-        with open(os.path.join(self.directory, "stats.json"), encoding="utf-8") as f:
+        with open(
+            os.path.join(self.directory, "stats.json"), encoding="utf-8"
+        ) as f:  # local path: corpus cache
             return json.load(f)
 
 
@@ -94,23 +96,31 @@ def get_or_build(
       report: called with a line of progress per stage (e.g. `print`); None is silent.
     """
     directory = corpus_directory(cache_dir)
-    if os.path.exists(os.path.join(directory, "stats.json")):
+    if "://" in directory:
+        raise ValueError(
+            f"The built-in corpus is cached on a local disk, not in {directory}: give "
+            "--cache_dir (or $T2T_CACHE_DIR) a local directory. Each host builds the same "
+            "corpus (about 10 s); a model directory, data and caches of tasks may be on gs://."
+        )
+    if os.path.exists(os.path.join(directory, "stats.json")):  # local path: corpus cache
         return BuiltinCorpus(directory)
     report = report or (lambda line: None)
     parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
+    os.makedirs(parent, exist_ok=True)  # local path: corpus cache
     staging = tempfile.mkdtemp(dir=parent, prefix=".building-")
     try:
         _build_into(staging, num_pieces, report)
         try:
-            os.rename(staging, directory)
+            os.rename(staging, directory)  # local path: corpus cache
         except OSError:
-            if not os.path.exists(os.path.join(directory, "stats.json")):
+            if not os.path.exists(
+                os.path.join(directory, "stats.json")
+            ):  # local path: corpus cache
                 raise
             report(f"another process built {directory} first; using it")
     finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
+        if os.path.exists(staging):  # local path: corpus cache
+            shutil.rmtree(staging)  # local path: corpus cache
     report(f"built-in corpus ready in {directory}")
     return BuiltinCorpus(directory)
 
@@ -135,7 +145,9 @@ def _build_into(directory: str, num_pieces: int, report: Callable[[str], None]) 
     vocab.train_sentencepiece(documents["train"], corpus.vocabulary_path, num_pieces=num_pieces)
     report("counting tokens")
     stats = _statistics(corpus, labels, num_pieces)
-    with open(os.path.join(directory, "stats.json"), "w", encoding="utf-8") as f:
+    with open(
+        os.path.join(directory, "stats.json"), "w", encoding="utf-8"
+    ) as f:  # local path: corpus cache
         json.dump(stats, f, indent=2, sort_keys=True)
 
 
@@ -182,8 +194,8 @@ def _package_rows(docstrings, labels: list[str], split: str) -> list[str]:
 
 
 def _write_lines(path: str, lines: list[str]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    os.makedirs(os.path.dirname(path), exist_ok=True)  # local path: corpus cache
+    with open(path, "w", encoding="utf-8") as f:  # local path: corpus cache
         for line in lines:
             assert "\n" not in line, "documents are single lines"
             f.write(line + "\n")
@@ -200,7 +212,7 @@ def _statistics(corpus: BuiltinCorpus, labels: list[str], num_pieces: int) -> di
         "python": sys.version.split()[0],
     }
     for split in SPLITS:
-        with open(corpus.corpus_path(split), encoding="utf-8") as f:
+        with open(corpus.corpus_path(split), encoding="utf-8") as f:  # local path: corpus cache
             lines = f.read().splitlines()
         stats[f"corpus_{split}"] = {
             "documents": len(lines),
@@ -208,6 +220,6 @@ def _statistics(corpus: BuiltinCorpus, labels: list[str], num_pieces: int) -> di
             "tokens": sum(len(ids) for ids in processor.encode(lines)),
         }
         for task, path in (("summarize", corpus.summarize_path), ("package", corpus.package_path)):
-            with open(path(split), encoding="utf-8") as f:
+            with open(path(split), encoding="utf-8") as f:  # local path: corpus cache
                 stats[f"{task}_{split}"] = {"examples": sum(1 for _ in f)}
     return stats

@@ -78,7 +78,7 @@ def stdlib_docstrings(stdlib_dir: str | None = None) -> Iterator[Docstring]:
 
 
 def _source_modules(stdlib_dir: str) -> Iterator[tuple[str, str]]:
-    for root, dirs, files in os.walk(stdlib_dir):
+    for root, dirs, files in os.walk(stdlib_dir):  # local path: Python's own docs
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_DIRS and not d.startswith("config-"))
         relative = os.path.relpath(root, stdlib_dir)
         package = [] if relative == "." else relative.split(os.sep)
@@ -97,7 +97,7 @@ def _source_modules(stdlib_dir: str) -> Iterator[tuple[str, str]]:
 
 def _source_docstrings(path: str, module: str) -> Iterator[Docstring]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:  # local path: Python's own docs
             tree = ast.parse(f.read(), filename=path)
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return  # a few stdlib files are templates or in other encodings: not documentation

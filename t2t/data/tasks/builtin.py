@@ -81,7 +81,9 @@ def format_package(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
 
 def _built(root: str) -> cache.BuiltinCorpus:
     """The corpus under cache root `root`, built first if it is not there (once per cache)."""
-    if not os.path.exists(os.path.join(cache.corpus_directory(root), "stats.json")):
+    if not os.path.exists(
+        os.path.join(cache.corpus_directory(root), "stats.json")
+    ):  # local path: corpus cache
         print(
             f"Building the built-in corpus and its vocabulary under {root} (once, about 10 s; "
             "`t2t cache` builds it ahead of time).",
@@ -252,7 +254,7 @@ def register_pretraining(
 def register(cache_dir: str | None = None) -> list[str]:
     """Registers every built-in task on the corpus under `cache_dir` (default
     `$T2T_CACHE_DIR`, read now); the corpus is built when first used."""
-    root = os.path.abspath(cache_dir or cache.cache_root())
+    root = os.path.abspath(cache_dir or cache.cache_root())  # local path: corpus cache
     vocabulary = CorpusVocabulary(root)
     names = (
         register_pretraining(root, vocabulary)

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 import seqio
 import tensorflow as tf
 
+from t2t import files
+
 _SPLITS = ("train", "validation")
 
 
@@ -25,7 +27,7 @@ def split_patterns(data_dir: str) -> dict[str, str]:
         ValueError: when `data_dir` holds no train shards.
     """
     patterns = {split: f"{data_dir.rstrip('/')}/c4-{split}.tfrecord-*" for split in _SPLITS}
-    found = {split: p for split, p in patterns.items() if tf.io.gfile.glob(p)}
+    found = {split: p for split, p in patterns.items() if files.glob(p)}
     if "train" not in found:
         raise ValueError(
             f"No C4 pipeline shards in {data_dir!r} (expected files matching "

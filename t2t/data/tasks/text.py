@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import seqio
 import tensorflow as tf
 
+from t2t import files
 from t2t.data import registry
 
 # Table 3 objectives, named as the `preprocessors` package exports them.
@@ -154,7 +155,7 @@ def count_lines(patterns: str | Iterable[str]) -> int:
     """Number of non-empty lines in the files matching `patterns` (local or tf.io.gfile paths)."""
     total = 0
     for path in seqio.utils.list_files(patterns):
-        with tf.io.gfile.GFile(path) as f:
+        with files.open_file(path) as f:
             total += sum(1 for line in f if line.strip())
     return total
 

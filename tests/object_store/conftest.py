@@ -1,0 +1,114 @@
+"""The GCS emulator the object-store tests run against, and what they share.
+
+One emulator (`t2t.testing.gcs_emulator`) per test worker, started on first use and stopped at
+the end of the session; each test module points the process's clients at it while it runs
+(`gcs_env`), and each test writes under its own prefix of the bucket. Commands run either in
+this process from a new, empty working directory, or as a subprocess from one (what another
+host sees: only the bucket)."""
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+BUCKET = "t2t-tests"
+DEMO = "gin/experiments/tiny_builtin_demo.gin"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = [  # the suite's shrunk demo network (tests/runs/test_reliability.py's)
+    "t2t.nn.get_preset.d_model=64",
+    "t2t.nn.get_preset.d_ff=128",
+    "t2t.nn.get_preset.num_heads=2",
+    "t2t.nn.get_preset.d_kv=32",
+    "t2t.nn.get_preset.num_encoder_layers=1",
+    "t2t.nn.get_preset.num_decoder_layers=1",
+    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
+    "BATCH_SIZE=8",
+    "t2t.runs.train.progress=False",
+    "t2t.runs.EvalOptions.num_predictions=0",
+    "t2t.runs.train.log_every=1",
+    "t2t.runs.EvalOptions.every=None",
+    "t2t.runs.CheckpointOptions.every=3",
+]
+
+
+@pytest.fixture(scope="session")
+def emulator():
+    from t2t.testing.gcs_emulator import Emulator
+
+    with Emulator(buckets=[BUCKET]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gcs(emulator, builtin_tasks):
+    """The emulator, with this process's GCS clients pointed at it for the module."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in emulator.env.items():
+            patch.setenv(name, value)
+        yield emulator
+
+
+@pytest.fixture
+def bucket_dir(gcs):
+    """A fresh gs:// prefix for one test."""
+    return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def clean_dir(tmp_path, monkeypatch):
+    """An empty working directory the test runs its commands from (checked empty after)."""
+    directory = tmp_path / "cwd"
+    directory.mkdir()
+    monkeypatch.chdir(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def train_argv():
+    """`train_argv(model_dir, steps, *extra)`: the argv of the shrunk demo's `t2t train`."""
+
+    def argv(model_dir, steps, *extra):
+        return [
+            "train",
+            f"--gin_file={os.path.join(REPO, DEMO)}",
+            f"--gin.MODEL_DIR='{model_dir}'",
+            *[f"--gin.{b}" for b in SMALL],
+            f"--gin.TRAIN_STEPS={steps}",
+            *extra,
+        ]
+
+    return argv
+
+
+@pytest.fixture(scope="module")
+def t2t_process(gcs):
+    """`t2t_process(argv, cwd)`: `t2t ARGV` in a new process started in `cwd`, with the
+    emulator's environment: what a second host sees (the bucket, nothing local)."""
+
+    def run(argv, cwd, *, timeout=600, env=None, wait=True):
+        environment = {**os.environ, **gcs.env, "PYTHONPATH": REPO, **(env or {})}
+        command = [sys.executable, "-m", "t2t.cli", *argv]
+        if not wait:
+            return subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        return subprocess.run(
+            command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout
+        )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def listing():
+    """`listing(prefix)`: every object under a gs:// prefix, relative to it."""
+    from t2t import files
+
+    return lambda prefix: files.files_under(prefix) if files.isdir(prefix) else []
