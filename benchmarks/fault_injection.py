@@ -1,5 +1,5 @@
-"""Fault injection: kill `t2t train`, `t2t chain` or `t2t study` at random moments, resume,
-and check nothing was lost.
+"""Fault injection: stop `t2t train`, `t2t chain` or `t2t study` at random moments, fail the
+store under it, kill one host of two, resume, and check nothing was lost.
 
 One reference run goes through without interruption: for `train` (the default) the tiny demo
 network (shrunk further, as the suite's tests do) for `--steps` steps; for `chain` a 2-stage
@@ -9,21 +9,37 @@ task, one seed: a shared pretraining, a fine-tuning and a run from scratch, each
 Then, episode after episode, the same command runs in a fresh directory and is stopped at a
 random moment (uniform over the time a whole reference run takes, so stops land in start-up,
 compilation, training, evaluation and checkpoint writes alike) by SIGKILL (no cleanup at all) or
-SIGTERM (t2t saves and exits 75), then started again, until it finishes. After every stop
+SIGTERM (t2t saves and exits 75), then started again, until it finishes. After every try
 `t2t check` verifies every checkpoint of every model directory left behind. An episode passes
 when, in every model directory (each stage, each run), the per-step training losses, the
 evaluations and the final parameters equal the reference's exactly, and (study) so does every
 run's score.
 
+The store (`--store gcs`): every run's directory is in a bucket of a GCS emulator started here
+(`t2t.testing.gcs_emulator`; TensorFlow, TensorStore and google-cloud-storage all reach it).
+With `--store_faults RATE`, each request of every try fails with that probability: a 429 or
+503 answer, the connection reset before the store sees it or after the store applied it (the
+answer lost), or a 2 s stall. A try either finishes or exits with t2t's message (exit 2, no
+traceback); it is then run again until it finishes. Counted besides: tracebacks, damaged
+checkpoints, and silent restarts (a try that trained from step 0 where checkpoints were).
+
+Two hosts (`--hosts 2`, `train`): every try is two `jax.distributed` processes; a stop goes to
+one of them at random. A SIGKILLed process's peer must end within the watchdog's bound with a
+message naming it (exit 76; JAX's own abort when process 0, the coordination service, is the
+one killed), a SIGTERM to one must stop both at the same step with its checkpoint (exit 75).
+
     python benchmarks/fault_injection.py --kills 30 --terms 10       # about 25 min on 2 cores
     python benchmarks/fault_injection.py --kills 2 --terms 1 --steps 12   # a quick look
     python benchmarks/fault_injection.py --target chain --kills 10 --terms 5 --steps 20
     python benchmarks/fault_injection.py --target study --kills 10 --terms 5 --steps 20
+    python benchmarks/fault_injection.py --store gcs --store_faults 0.05 --kills 0 --terms 0 \
+        --episodes 10 --steps 60
+    python benchmarks/fault_injection.py --hosts 2 --store gcs --kills 10 --terms 5 --steps 300
 
-Results: benchmarks/results/fault_injection.json (`train`; fault_injection_chain.json,
-fault_injection_study.json for the others): every stop (signal, moment, exit code, the
-checkpoint steps of each model directory before and after, damaged checkpoints) and a summary on
-stdout.
+Results: benchmarks/results/fault_injection[_chain|_study][_gcs][_2hosts].json: every try
+(its stop, exit codes, seconds from the stop to the last exit, the checkpoint steps of each
+model directory before and after, damaged checkpoints, the store faults injected, t2t's last
+message) and a summary on stdout.
 """
 
 from __future__ import annotations
@@ -31,10 +47,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import random
 import re
-import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,9 +123,11 @@ STUDY_NETWORK = [
 ]
 
 
-def default_out(target: str) -> str:
-    name = "fault_injection.json" if target == "train" else f"fault_injection_{target}.json"
-    return os.path.join(RESULTS, name)
+def default_out(target: str, store: str = "local", hosts: int = 1) -> str:
+    name = "fault_injection" + ("" if target == "train" else f"_{target}")
+    name += "_gcs" if store == "gcs" else ""
+    name += f"_{hosts}hosts" if hosts > 1 else ""
+    return os.path.join(RESULTS, name + ".json")
 
 
 def write_spec(target: str, workdir: str, steps: int, checkpoint_every: int) -> str | None:
@@ -143,7 +162,7 @@ def write_spec(target: str, workdir: str, steps: int, checkpoint_every: int) -> 
         text = STUDY.format(steps=steps, every=checkpoint_every, bindings=STUDY_NETWORK)
     else:
         raise ValueError(f"--target must be one of {TARGETS}; got {target!r}")
-    with open(path, "w") as f:
+    with open(path, "w") as f:  # the harness's own work directory
         f.write(text)
     return path
 
@@ -167,34 +186,90 @@ def command(
         f"TRAIN_STEPS={steps}",
         f"t2t.runs.CheckpointOptions.every={checkpoint_every}",
     ]
+    if HOSTS > 1:
+        bindings.append("EVAL_TASKS=[]")
     return [*cli, "train", f"--gin_file={DEMO}", *[f"--gin.{b}" for b in bindings]]
 
 
-def start(argv: list[str], log) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+HOSTS = 1  # processes of a run (`--hosts`); each a host of one multi-host run
+LOST_SECONDS = 10  # the watchdog's bound in two-host runs ($T2T_HOST_LOST_SECONDS)
+ENV: dict[str, str] = {}  # added to every run's environment (the GCS emulator's)
+
+
+class Processes:
+    """The processes of one try: one, or one per host of a multi-host run (`HOSTS`), each
+    logging to its own file."""
+
+    def __init__(self, argv: list[str], logs: list[str]):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3", **ENV}
+        hosts = []
+        if HOSTS > 1:
+            with socket.socket() as s:
+                s.bind(("localhost", 0))
+                port = s.getsockname()[1]
+            env["T2T_HOST_LOST_SECONDS"] = str(LOST_SECONDS)
+            env.pop("XLA_FLAGS", None)
+            hosts = [
+                {
+                    "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
+                    "JAX_NUM_PROCESSES": str(HOSTS),
+                    "JAX_PROCESS_ID": str(i),
+                }
+                for i in range(HOSTS)
+            ]
+        self.logs = logs
+        self._files = [open(log, "ab") for log in logs]  # the harness's own logs
+        self.processes = [
+            subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env={**env, **h})
+            for f, h in zip(self._files, hosts or [{}])
+        ]
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """Every process's exit code (TimeoutExpired while any still runs after `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        codes = []
+        for process in self.processes:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            codes.append(process.wait(timeout=left))
+        for f in self._files:
+            f.close()
+        return codes
+
+    def output(self, index: int = 0) -> str:
+        with open(self.logs[index], "rb") as f:  # the harness's own logs
+            return f.read().decode("utf-8", "replace")
 
 
 def model_dirs(root: str) -> list[str]:
-    """The model directories under `root` (itself included): those holding checkpoints or
-    training logs, relative to `root`, sorted."""
-    found = []
-    for directory, subdirectories, _ in os.walk(root):
-        if {"checkpoints", "damaged_checkpoints", "train"} & set(subdirectories):
-            found.append(os.path.relpath(directory, root))
-            subdirectories.clear()
+    """The model directories under `root` (itself included), local or in a bucket: those
+    holding checkpoints or training logs, relative to `root`, sorted."""
+    from t2t import files
+
+    found = set()
+    for name in files.files_under(root) if files.isdir(root) else []:
+        parts = name.split("/")
+        for depth, part in enumerate(parts[:-1]):
+            if part in ("checkpoints", "damaged_checkpoints", "train"):
+                found.add("/".join(parts[:depth]) or ".")
+                break
     return sorted(found)
 
 
 def saved_steps(model_dir: str) -> list[int]:
-    path = os.path.join(model_dir, "checkpoints")
-    if not os.path.isdir(path):
+    from t2t import files
+
+    path = files.join(model_dir, "checkpoints")
+    if not files.isdir(path):
         return []
-    return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+    from t2t.checkpoints import model_dir as model_dir_lib
+
+    return model_dir_lib.ModelDir(model_dir).steps()  # committed steps only
 
 
 def all_saved_steps(root: str) -> dict[str, list[int]]:
-    return {name: saved_steps(os.path.join(root, name)) for name in model_dirs(root)}
+    from t2t import files
+
+    return {name: saved_steps(files.join(root, name)) for name in model_dirs(root)}
 
 
 def check(model_dir: str) -> dict[int, str]:
@@ -212,11 +287,12 @@ def outcome(model_dir: str) -> tuple[dict[int, float], dict, list]:
     import jax
     import numpy as np
 
+    from t2t import files
     from t2t.checkpoints import model_dir as model_dir_lib
     from t2t.trainer import reporting
 
-    losses = dict(reporting.read_scalars(os.path.join(model_dir, "train"))["loss"])
-    evals = reporting.read_scalars(os.path.join(model_dir, "eval"))
+    losses = dict(reporting.read_scalars(files.join(model_dir, "train"))["loss"])
+    evals = reporting.read_scalars(files.join(model_dir, "eval"))
     loaded = model_dir_lib.ModelDir(model_dir).load()
     return losses, evals, [np.asarray(x) for x in jax.tree.leaves(loaded.params)]
 
@@ -224,12 +300,14 @@ def outcome(model_dir: str) -> tuple[dict[int, float], dict, list]:
 def outcomes(root: str) -> dict[str, tuple]:
     """`outcome` of every model directory under `root`, and every study run's score (under
     the key `scores`)."""
-    found: dict[str, tuple] = {name: outcome(os.path.join(root, name)) for name in model_dirs(root)}
+    from t2t import files
+
+    found: dict[str, tuple] = {name: outcome(files.join(root, name)) for name in model_dirs(root)}
     scores = {}
-    for directory, _, files in os.walk(root):
-        if "score.json" in files:  # t2t.studies.runner.SCORE_FILE
-            with open(os.path.join(directory, "score.json")) as f:
-                scores[os.path.relpath(directory, root)] = json.load(f)["score"]
+    for name in files.files_under(root) if files.isdir(root) else []:
+        if name.split("/")[-1] == "score.json":  # t2t.studies.runner.SCORE_FILE
+            directory = name.rsplit("/", 1)[0] if "/" in name else "."
+            scores[directory] = json.loads(files.read_text(files.join(root, name)))["score"]
     return {**found, "scores": scores}
 
 
@@ -271,8 +349,29 @@ def same_all(a: dict, b: dict) -> dict:
 
 
 _SIGTERM_SAVED = re.compile(
-    rb"stopped by SIGTERM at step (\d+); its checkpoint is saved in (.+?)\. "
+    r"stopped by SIGTERM at step (\d+); its checkpoint is saved in (.+?)\. "
 )
+_FROM_SCRATCH = re.compile(r"trained steps 0 -> ")
+
+
+def expected_exit(codes: list[int], number: int | None, target_process: int) -> bool:
+    """Whether a try's exit codes are what its stop asks for. One process: SIGKILL -> killed;
+    SIGTERM -> 75 (or 0, finished first); no stop -> 0, or 2/75/76 with a message (a store
+    that kept failing). Two hosts: the killed one -> killed, its peer -> 76 (a lost peer) or,
+    when process 0 was killed, JAX's own abort (-6); SIGTERM to one -> 75 on both (or 0)."""
+    if number is None:
+        return all(code in (0, 2, 75, 76) for code in codes)
+    if number == signal.SIGKILL:
+        others = [c for i, c in enumerate(codes) if i != target_process]
+        peer_ok = (-signal.SIGABRT, 134, 0) if target_process == 0 else (76, 0)
+        return codes[target_process] == -signal.SIGKILL and all(c in peer_ok for c in others)
+    return all(code in (PREEMPTED, 0) for code in codes)
+
+
+def _last_message(text: str) -> str:
+    """The last line a try printed that is t2t's (`t2t COMMAND: ...` or `t2t: ...`)."""
+    lines = [line for line in text.splitlines() if line.startswith("t2t")]
+    return lines[-1][:400] if lines else ""
 
 
 def run(
@@ -284,111 +383,162 @@ def run(
     workdir: str,
     report=print,
     target: str = "train",
+    root_of=None,
+    store_faults: float = 0.0,
+    emulator=None,
+    episodes: int | None = None,
 ) -> dict:
+    """Runs the reference and the episodes (see the module docstring). `root_of(name)` is the
+    directory of a run (default: under `workdir`; a bucket's prefix with `--store gcs`);
+    `emulator` injects `store_faults` during the episodes' tries; `episodes` episodes of store
+    faults alone when there are no stops."""
+    from t2t import files
+
     rng = random.Random(seed)
-    os.makedirs(workdir, exist_ok=True)
+    root_of = root_of or (lambda name: os.path.join(workdir, name))
+    os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
     spec = write_spec(target, workdir, steps, checkpoint_every)
-    log_path = os.path.join(workdir, "runs.log")
-    log = open(log_path, "ab")
-    reference_dir = os.path.join(workdir, "reference")
-    shutil.rmtree(reference_dir, ignore_errors=True)
+    reference_dir = root_of("reference")
+    files.rmtree(reference_dir)
+    logs = [os.path.join(workdir, "logs", f"reference_p{i}.log") for i in range(HOSTS)]
     began = time.perf_counter()
-    code = start(command(reference_dir, steps, checkpoint_every, target, spec), log).wait()
+    codes = Processes(command(reference_dir, steps, checkpoint_every, target, spec), logs).wait()
     duration = time.perf_counter() - began
-    if code != 0:
-        raise RuntimeError(f"The reference run failed (exit {code}); see {workdir}/runs.log.")
+    if any(codes):
+        raise RuntimeError(f"The reference run failed (exit {codes}); see {logs[0]}.")
     reference = outcomes(reference_dir)
     report(
-        f"reference: {target}, {steps} steps per run, {len(model_dirs(reference_dir))} model "
-        f"directories, in {duration:.1f} s"
+        f"reference: {target}, {steps} steps per run, {HOSTS} process(es), "
+        f"{len(model_dirs(reference_dir))} model directories, in {duration:.1f} s"
     )
     plan = [signal.SIGKILL] * kills + [signal.SIGTERM] * terms
     rng.shuffle(plan)
-    stops, episodes, episode = [], [], 0
-    root = os.path.join(workdir, f"episode_{episode}")
-    shutil.rmtree(root, ignore_errors=True)
-    stops_in_episode = 0
-    while plan or root is not None:
+    faults_only = not plan
+    episodes_left = (episodes or 1) if faults_only else None
+    stops, tries, finished = [], [], []
+    episode, try_number = 0, 0
+    root = root_of(f"episode_{episode}")
+    files.rmtree(root)
+    while root is not None:
         before = all_saved_steps(root)
-        log.flush()
-        offset = log.tell()
-        process = start(command(root, steps, checkpoint_every, target, spec), log)
+        logs = [
+            os.path.join(workdir, "logs", f"episode_{episode}_try_{try_number}_p{i}.log")
+            for i in range(HOSTS)
+        ]
+        if emulator is not None and store_faults:
+            emulator.reset_stats()
+            emulator.set_faults(store_faults, seed=rng.randrange(1 << 30), stall_seconds=2.0)
+        group = Processes(command(root, steps, checkpoint_every, target, spec), logs)
+        number, delay, target_process, exit_seconds = None, None, 0, None
         if plan:
-            number = plan[0]
-            delay = rng.uniform(0.0, duration)
+            number, delay = plan[0], rng.uniform(0.0, duration)
+            target_process = rng.randrange(HOSTS)
             try:
-                code = process.wait(timeout=delay)  # finished before the stop came
+                codes = group.wait(timeout=delay)  # finished before the stop came
+                number = None
             except subprocess.TimeoutExpired:
-                process.send_signal(number)
-                code = process.wait()
+                group.processes[target_process].send_signal(number)
+                stopped = time.perf_counter()
+                codes = group.wait()
+                exit_seconds = round(time.perf_counter() - stopped, 1)
                 plan.pop(0)
-                after = all_saved_steps(root)
-                with open(log_path, "rb") as f:
-                    f.seek(offset)
-                    said = _SIGTERM_SAVED.search(f.read())
-                stopped_at = int(said.group(1)) if said else None
-                stopped_in = _model_dir_of(said.group(2).decode(), root) if said else None
-                damaged = {
-                    name: damaged_steps
-                    for name in model_dirs(root)
-                    if (
-                        damaged_steps := sorted(
-                            s
-                            for s, status in check(os.path.join(root, name)).items()
-                            if status == "damaged"
-                        )
-                    )
-                }
-                record = {
-                    "episode": episode,
-                    "signal": signal.Signals(number).name,
-                    "after_seconds": round(delay, 2),
-                    "exit_code": code,
-                    "steps_before": before,
-                    "steps_after": after,
-                    "damaged": damaged,
-                    "stopped_at": stopped_at,
-                    "stopped_in": stopped_in,
-                    "saved_its_step": stopped_at is not None
-                    and stopped_at in after.get(stopped_in, []),
-                    "expected_exit": code
-                    in ((-signal.SIGKILL,) if number == signal.SIGKILL else (PREEMPTED, 0)),
-                }
-                stops.append(record)
-                stops_in_episode += 1
-                report(
-                    f"stop {len(stops)}: {record['signal']} after {delay:.1f} s, exit "
-                    f"{code}, checkpoints {_brief(before)} -> {_brief(after)}, damaged {damaged}"
-                )
-                continue
         else:
-            code = process.wait()
-        if code != 0:
-            raise RuntimeError(f"Episode {episode} exited {code} unstopped; see runs.log.")
-        verdict = same_all(outcomes(root), reference)
-        result = {"episode": episode, "stops": stops_in_episode, **verdict}
-        episodes.append(result)
+            codes = group.wait()
+        faults = {}
+        if emulator is not None and store_faults:
+            emulator.set_faults(0)
+            faults = emulator.stats()["faults"]
+        after = all_saved_steps(root)
+        damaged = {
+            name: damaged_steps
+            for name in model_dirs(root)
+            if (
+                damaged_steps := sorted(
+                    s for s, status in check(files.join(root, name)).items() if status == "damaged"
+                )
+            )
+        }
+        said = group.output(0)
+        saved = _SIGTERM_SAVED.search(said)
+        record = {
+            "episode": episode,
+            "try": try_number,
+            "signal": signal.Signals(number).name if number else None,
+            "process": target_process if number else None,
+            "after_seconds": round(delay, 2) if number else None,
+            "exit_codes": codes,
+            "seconds_to_exit_after_stop": exit_seconds,
+            "steps_before": before,
+            "steps_after": after,
+            "damaged": damaged,
+            "store_faults": faults,
+            "message": _last_message(said) if any(codes) else "",
+            "traceback": "Traceback (most recent call last)" in said,
+            "restarted_from_scratch": any(before.values()) and bool(_FROM_SCRATCH.search(said)),
+            "stopped_at": int(saved.group(1)) if saved else None,
+            "expected_exit": expected_exit(codes, number, target_process),
+        }
+        if saved:
+            stopped_in = _model_dir_of(saved.group(2), root)
+            record["saved_its_step"] = int(saved.group(1)) in after.get(stopped_in, [])
+        tries.append(record)
+        if number:
+            stops.append(record)
         report(
-            f"episode {episode}: {stops_in_episode} stops, "
+            f"episode {episode} try {try_number}: "
+            + (
+                f"{record['signal']} to process {target_process} after {delay:.1f} s, "
+                if number
+                else ""
+            )
+            + f"exit {codes}"
+            + (f" ({exit_seconds} s after the stop)" if exit_seconds is not None else "")
+            + f", checkpoints {_brief(before)} -> {_brief(after)}, damaged {damaged}"
+            + (f", store faults {sum(faults.values())}" if faults else "")
+            + (f": {record['message']}" if record["message"] else "")
+        )
+        try_number += 1
+        if number is not None or any(codes):
+            if try_number > 20:
+                raise RuntimeError(f"Episode {episode} did not finish in 20 tries; see {logs[0]}.")
+            continue  # the same command again
+        verdict = same_all(outcomes(root), reference)
+        result = {"episode": episode, "tries": try_number, **verdict}
+        finished.append(result)
+        report(
+            f"episode {episode}: {try_number} tries, "
             f"{'identical to the reference' if result['exact'] else 'DIFFERS'}"
         )
-        episode += 1
-        stops_in_episode = 0
-        root = os.path.join(workdir, f"episode_{episode}") if plan else None
+        episode, try_number = episode + 1, 0
+        if faults_only:
+            episodes_left -= 1
+        root = root_of(f"episode_{episode}") if (plan or (faults_only and episodes_left)) else None
         if root:
-            shutil.rmtree(root, ignore_errors=True)
-    log.close()
+            files.rmtree(root)
+    injected: dict[str, int] = {}
+    for record in tries:
+        for kind, count in record["store_faults"].items():
+            injected[kind] = injected.get(kind, 0) + count
     summary = {
         "kills": sum(s["signal"] == "SIGKILL" for s in stops),
         "terms": sum(s["signal"] == "SIGTERM" for s in stops),
-        "stops_followed_by_exact_resume": sum(e["stops"] for e in episodes if e["exact"]),
-        "damaged_checkpoints": sum(len(v) for s in stops for v in s["damaged"].values()),
-        "unexpected_exit_codes": sum(not s["expected_exit"] for s in stops),
-        # SIGTERM while training: the step it stopped at has a checkpoint afterwards.
-        "sigterm_while_training": sum(s["stopped_at"] is not None for s in stops),
-        "sigterm_saved_its_step": sum(s["saved_its_step"] for s in stops),
-        "episodes": len(episodes),
-        "episodes_exact": sum(e["exact"] for e in episodes),
+        "tries": len(tries),
+        "tries_exiting_non_zero_unstopped": sum(
+            1 for t in tries if t["signal"] is None and any(t["exit_codes"])
+        ),
+        "tracebacks": sum(t["traceback"] for t in tries),
+        "store_faults_injected": injected,
+        "damaged_checkpoints": sum(len(v) for t in tries for v in t["damaged"].values()),
+        "silent_restarts": sum(t["restarted_from_scratch"] for t in tries),
+        "unexpected_exit_codes": sum(not t["expected_exit"] for t in tries),
+        "sigterm_while_training": sum(t["stopped_at"] is not None for t in stops),
+        "sigterm_saved_its_step": sum(bool(t.get("saved_its_step")) for t in stops),
+        "seconds_to_exit_after_stop_max": max(
+            (t["seconds_to_exit_after_stop"] for t in stops if t["seconds_to_exit_after_stop"]),
+            default=None,
+        ),
+        "episodes": len(finished),
+        "episodes_exact": sum(e["exact"] for e in finished),
     }
     return {
         "settings": {
@@ -396,21 +546,28 @@ def run(
             "steps": steps,
             "checkpoint_every": checkpoint_every,
             "seed": seed,
+            "hosts": HOSTS,
+            "host_lost_seconds": LOST_SECONDS if HOSTS > 1 else None,
+            "store_faults": store_faults,
             "model_dirs": model_dirs(reference_dir),
             "reference_seconds": round(duration, 1),
         },
         "summary": summary,
-        "stops": stops,
-        "episodes": episodes,
+        "tries": tries,
+        "episodes": finished,
     }
 
 
 def _model_dir_of(saved_in: str, root: str) -> str:
     """The model directory (relative to `root`) of the path a SIGTERM message names (the
     checkpoints directory)."""
-    if os.path.basename(os.path.normpath(saved_in)) == "checkpoints":
-        saved_in = os.path.dirname(os.path.normpath(saved_in))
-    return os.path.relpath(saved_in, root)
+    from t2t import files
+
+    saved_in = files.normalize(saved_in)
+    if files.basename(saved_in) == "checkpoints":
+        saved_in = files.parent(saved_in)
+    root = files.normalize(root)
+    return "." if saved_in == root else saved_in[len(root) :].strip("/")
 
 
 def _brief(steps: dict[str, list[int]]) -> str:
@@ -421,6 +578,7 @@ def _brief(steps: dict[str, list[int]]) -> str:
 
 
 def main(argv=None) -> int:
+    global HOSTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=TARGETS, default="train", help="what to stop")
     parser.add_argument("--kills", type=int, default=30, help="SIGKILL stops")
@@ -428,30 +586,67 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps of each run")
     parser.add_argument("--checkpoint_every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default=None, help="default: a temporary directory")
     parser.add_argument(
-        "--out", default=None, help="default: benchmarks/results/fault_injection[_TARGET].json"
+        "--store",
+        choices=("local", "gcs"),
+        default="local",
+        help="model directories on a "
+        "local disk, or in a bucket of a GCS emulator started here (t2t.testing.gcs_emulator)",
     )
+    parser.add_argument(
+        "--store_faults",
+        type=float,
+        default=0.0,
+        help="with --store gcs: the rate of "
+        "requests answered 429 or 503, reset, reset after being applied, or stalled",
+    )
+    parser.add_argument("--episodes", type=int, default=5, help="episodes without stops")
+    parser.add_argument("--hosts", type=int, default=1, help="processes per run (train only)")
+    parser.add_argument("--workdir", default=None, help="default: a temporary directory")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/...")
     args = parser.parse_args(argv)
+    if args.store_faults and args.store != "gcs":
+        parser.error("--store_faults needs --store gcs")
+    if args.hosts > 1 and args.target != "train":
+        parser.error("--hosts applies to --target train")
+    HOSTS = args.hosts
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # checks and comparisons read on the CPU
     workdir = args.workdir or tempfile.mkdtemp(prefix="t2t_faults_")
     started = time.time()
-    results = run(
-        args.kills,
-        args.terms,
-        args.steps,
-        args.checkpoint_every,
-        args.seed,
-        workdir,
-        report=lambda line: print(f"[{time.time() - started:6.0f} s] {line}", flush=True),
-        target=args.target,
-    )
+    emulator, root_of = None, None
+    if args.store == "gcs":
+        from t2t.testing.gcs_emulator import Emulator
+
+        emulator = Emulator(buckets=["faults"]).start()
+        os.environ.update(emulator.env)  # this process's checks read the bucket too
+        ENV.update(emulator.env)
+        root_of = lambda name: f"gs://faults/{name}"  # noqa: E731
+    try:
+        results = run(
+            args.kills,
+            args.terms,
+            args.steps,
+            args.checkpoint_every,
+            args.seed,
+            workdir,
+            report=lambda line: print(f"[{time.time() - started:6.0f} s] {line}", flush=True),
+            target=args.target,
+            root_of=root_of,
+            store_faults=args.store_faults,
+            emulator=emulator,
+            episodes=args.episodes,
+        )
+    finally:
+        if emulator is not None:
+            emulator.stop()
+    results["settings"]["store"] = args.store
     results["command"] = "python benchmarks/fault_injection.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    out = args.out or default_out(args.target)
+    results["machine"] = f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}"
+    out = args.out or default_out(args.target, args.store, args.hosts)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
+    with open(out, "w") as f:  # the harness's own results
         json.dump(results, f, indent=1)
     print(json.dumps(results["summary"], indent=1))
     good = results["summary"]
@@ -460,6 +655,8 @@ def main(argv=None) -> int:
         if (
             good["damaged_checkpoints"] == 0
             and good["unexpected_exit_codes"] == 0
+            and good["silent_restarts"] == 0
+            and good["tracebacks"] == 0
             and good["episodes_exact"] == good["episodes"]
             and good["sigterm_saved_its_step"] == good["sigterm_while_training"]
         )

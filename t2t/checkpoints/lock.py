@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from t2t import files
+from t2t import files, hosts
 
 LOCK_FILE = "train.lock"
 _HELD: set[RunLock] = set()  # the locks this process holds, for `release_all`
@@ -428,23 +428,24 @@ def hold(model_dir: str, **kwargs):
         with kind(model_dir, **kwargs) as lock:
             yield lock
         return
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    lock, error = None, ""
+    lock, error, raised = None, None, None
     if jax.process_index() == 0:
         lock = kind(model_dir, **kwargs)
         try:
             lock.acquire()
-        except RunLockedError as held:
-            error = str(held)
-    taken = multihost_utils.broadcast_one_to_all(np.int32(0 if error else 1))
-    if not int(taken):
-        raise RunLockedError(
-            error or f"Process 0 could not take the lock of {model_dir}; see its log."
-        )
+            error = ""
+        except Exception as failed:  # noqa: BLE001 (every process must hear of it)
+            error, raised = str(failed) or type(failed).__name__, failed
+    said = hosts.agree_from_first(f"the lock of {model_dir}", error)
+    if said:
+        if raised is not None:
+            raise raised
+        raise RunLockedError(said)
     try:
         yield lock
     finally:
         if lock is not None:
             lock.release()
+
+
+hosts.on_lost(release_all)  # a process stopping for a lost peer gives the directory back

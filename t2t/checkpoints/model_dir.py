@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import seqio
 from flax import nnx
 
@@ -158,7 +159,14 @@ class ModelDir:
         config = config or self.config(step)
         build = lambda: t2t_nn.build(config, nnx.Rngs(params=0))  # noqa: E731
         if partitioner is None:
-            abstract = nnx.split(nnx.eval_shape(build))[1]
+            # Every array on this process's first device, whatever mesh wrote it (a pod
+            # slice's checkpoint read on one machine): Orbax would otherwise ask for the
+            # saved devices.
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                nnx.split(nnx.eval_shape(build))[1],
+            )
         else:
             abstract = partitioner.abstract_model(build)[1]
         restored = self._manager.restore(step, abstract_params=abstract)

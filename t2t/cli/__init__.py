@@ -125,6 +125,20 @@ def _check_object_stores(arguments: list[str]) -> None:
         files.check_reachable(*paths)
 
 
+def _stop_if_a_host_was_lost(command: str, error: Exception) -> None:
+    """In a multi-host run, an error may be the sign of a lost peer (a collective's transport
+    failing, an agreement timing out): the process then ends with the message naming the lost
+    process and exit 76 (`t2t.hosts`), instead of reporting the symptom as a bug and waiting in
+    JAX's shutdown for a peer that is gone."""
+    hosts = sys.modules.get("t2t.hosts")
+    if hosts is None:
+        return
+    if isinstance(error, hosts.HostLostError):
+        hosts.exit_lost(f"t2t {command}: error: {terminal.error_message(error)}")
+    if hosts.looks_like_a_lost_peer(error):
+        hosts.wait_for_lost()  # ends the process itself when the watchdog finds a lost peer
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `t2t` console script."""
     # On GPUs, JAX's threefry random numbers as one CUDA kernel instead of unrolled XLA ops: the
@@ -172,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
         return 1
     except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
+        _stop_if_a_host_was_lost(args.command, error)
         if terminal.is_user_error(error):  # bad input: a message, not a traceback
             terminal.print_traceback(show_traceback)
             print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)

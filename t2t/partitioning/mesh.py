@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
+from t2t import hosts
 from t2t.partitioning.rules import DATA, MESH_AXES, MODEL
 
 
@@ -163,6 +164,7 @@ def initialize_distributed(
         num_processes=num_processes,
         process_id=process_id,
     )
+    hosts.watch()  # a lost peer ends this process with a message, not a hang
     return jax.process_count() > 1
 
 

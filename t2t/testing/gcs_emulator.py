@@ -380,17 +380,28 @@ class _Front(socketserver.StreamRequestHandler):
                 )
                 if fault == "reset-after":
                     return _reset(connection)
+                # The store writes links (a resumable upload's Location, an object's
+                # mediaLink) with the Host its uploader used; each client gets them as its own.
+                base = f"https://{secure_host}" if secure_host else f"http://{headers.get('host')}"
+                kind = dict((k.lower(), v) for k, v in answer_headers).get("content-type", "")
+                if kind.startswith("application/json") and _operation(method, target) != "read":
+                    data = self._own_links(data, base)  # metadata, never an object's bytes
                 out = [f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")]
                 for name, value in answer_headers:
                     if name.lower() in _HOP_BY_HOP or name.lower() == "content-length":
                         continue
-                    if name.lower() == "location" and secure_host:
-                        value = value.replace("http://", "https://", 1)
+                    if name.lower() == "location":
+                        value = self._own_links(value.encode("latin-1"), base).decode("latin-1")
                     out.append(f"{name}: {value}\r\n".encode("latin-1"))
                 out.append(f"Content-Length: {len(data)}\r\n\r\n".encode("latin-1"))
                 connection.sendall(b"".join(out) + (b"" if method == "HEAD" else data))
         except (ConnectionError, ssl.SSLError, OSError, ValueError):
             return
+
+    def _own_links(self, data: bytes, base: str) -> bytes:
+        for host in (*HOSTS, f"127.0.0.1:{self.server.server_address[1]}"):
+            data = data.replace(f"http://{host}/".encode(), f"{base}/".encode())
+        return data
 
     def _forward(self, method, target, header_list, body):
         upstream = http.client.HTTPConnection("127.0.0.1", self.server.store_port, timeout=120)

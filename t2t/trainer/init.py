@@ -15,7 +15,7 @@ import jax
 import optax
 from flax import nnx
 
-from t2t import files
+from t2t import files, hosts
 from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import (
     DAMAGED_SUBDIR,
@@ -199,7 +199,5 @@ def _set_aside(manager: CheckpointManager, error: CorruptCheckpointError) -> Non
         path = manager.set_aside(error.step)
         print(f"{error}\nMoved it to {path}.", file=sys.stderr, flush=True)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(f"t2t set aside {error.step}")
+        hosts.agree(f"set aside step {error.step}", "")
         manager.reload()

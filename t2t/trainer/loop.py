@@ -46,7 +46,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from t2t import files
+from t2t import files, hosts
 from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import BestMetric, CheckpointManager
 from t2t.finetuning import FineTuning
@@ -356,11 +356,9 @@ class Trainer:
             return self._stop_signal is not None
         if self.state.step % self.log_every:
             return False  # hosts compare notes at log boundaries, keeping steps asynchronous
-        from jax.experimental import multihost_utils
-
-        received = multihost_utils.process_allgather(np.int32(self._stop_signal or 0))
-        if int(np.max(received)) and self._stop_signal is None:
-            self._stop_signal = int(np.max(received))
+        received = hosts.agree(f"stop at step {self.state.step}", str(self._stop_signal or 0))
+        if max(map(int, received)) and self._stop_signal is None:
+            self._stop_signal = max(map(int, received))
         return self._stop_signal is not None
 
     def _preempt(self, progress: reporting.Progress) -> None:

@@ -5,6 +5,7 @@ difference in a directory, a missing directory or a score."""
 
 import importlib.util
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -47,11 +48,37 @@ def test_the_study_it_stops_has_three_runs_and_passes_validation(tmp_path, capsy
 
 
 def test_model_dirs_finds_every_stage_and_run_and_nothing_inside_them(tmp_path):
-    for path in ("a/pretrain/checkpoints/2", "a/pretrain/train", "b/seed0/x/train", "c/eval"):
-        os.makedirs(tmp_path / path)
-    os.makedirs(tmp_path / "d" / "damaged_checkpoints")
+    for path in (
+        "a/pretrain/checkpoints/2/x",
+        "a/pretrain/train/events",
+        "b/seed0/x/train/events",
+        "c/eval/events",
+        "d/damaged_checkpoints/3/x",
+    ):
+        os.makedirs(tmp_path / os.path.dirname(path), exist_ok=True)
+        (tmp_path / path).write_text("")
     assert harness.model_dirs(str(tmp_path)) == ["a/pretrain", "b/seed0/x", "d"]
     assert harness.model_dirs(str(tmp_path / "a" / "pretrain")) == ["."]
+
+
+@pytest.mark.parametrize(
+    "codes, number, process, expected",
+    [
+        ([0], None, 0, True),
+        ([2], None, 0, True),  # a store that kept failing: a message
+        ([1], None, 0, False),  # a bug
+        ([-9], signal.SIGKILL, 0, True),
+        ([75], signal.SIGTERM, 0, True),
+        ([0, -9], signal.SIGKILL, 1, True),  # the peer had finished before the kill
+        ([1, -9], signal.SIGKILL, 1, False),  # the peer reported a bug
+        ([76, -9], signal.SIGKILL, 1, True),
+        ([-9, -6], signal.SIGKILL, 0, True),  # process 0 lost: JAX ends the other at once
+        ([75, 75], signal.SIGTERM, 1, True),
+        ([75, 1], signal.SIGTERM, 1, False),
+    ],
+)
+def test_the_exit_codes_each_stop_expects(codes, number, process, expected):
+    assert harness.expected_exit(codes, number, process) is expected
 
 
 def _outcome(loss=1.0, accuracy=0.5, weight=0.0):
@@ -116,10 +143,13 @@ def test_two_commands_in_one_process_a_study_after_a_chain(tmp_path):
 
 def test_a_sigterm_message_is_traced_to_its_model_directory():
     said = (
-        b"t2t chain: stopped by SIGTERM at step 5; its checkpoint is saved in "
-        b"/w/episode_0/finetune/checkpoints. Run the same command again to resume from it."
+        "t2t chain: stopped by SIGTERM at step 5; its checkpoint is saved in "
+        "/w/episode_0/finetune/checkpoints. Run the same command again to resume from it."
     )
     found = harness._SIGTERM_SAVED.search(said)
     assert int(found.group(1)) == 5
-    assert harness._model_dir_of(found.group(2).decode(), "/w/episode_0") == "finetune"
+    assert harness._model_dir_of(found.group(2), "/w/episode_0") == "finetune"
     assert harness._model_dir_of("/w/run/checkpoints", "/w/run") == "."
+    assert harness._model_dir_of("gs://b/episode_0/pretrain/checkpoints", "gs://b/episode_0") == (
+        "pretrain"
+    )
