@@ -29,8 +29,10 @@ import contextlib
 import functools
 import os
 import posixpath
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Union
 
@@ -99,8 +101,8 @@ def path(p: PathLike) -> epath.Path:
 def join(base: PathLike, *parts: str) -> str:
     """`base/part/...`, keeping a scheme's `//`."""
     base = os.fspath(base)
-    if is_remote(base):
-        return posixpath.join(base, *parts)
+    if is_remote(base):  # an object name has no "." or "//" in it: "gs://b/./x" is not "gs://b/x"
+        return normalize(posixpath.join(base, *parts))
     return os.path.join(base, *parts)
 
 
@@ -447,8 +449,32 @@ def _check_bucket(p: str, bucket: str, name: str) -> None:
     from google.api_core import exceptions
 
     client = gcs_client()
+    transient = (
+        requests.ConnectionError,
+        requests.Timeout,
+        exceptions.TooManyRequests,
+        exceptions.ServerError,
+    )
+    for attempt in range(3):  # a failure now and then is the store's weather: 3 tries, < 20 s
+        try:
+            list(client.list_blobs(bucket, prefix=name, max_results=1, timeout=(5, 5), retry=None))
+            return
+        except transient:
+            if attempt == 2:
+                raise_unusable(p, bucket)
+            time.sleep(1.0 + attempt)
+        except Exception:  # noqa: BLE001 (sorted in raise_unusable)
+            raise_unusable(p, bucket)
+
+
+def raise_unusable(p: str, bucket: str) -> None:
+    """Raises the StorageError (or PermissionError) that says why `bucket` cannot be used, for
+    the exception being handled."""
+    import requests
+    from google.api_core import exceptions
+
     try:
-        list(client.list_blobs(bucket, prefix=name, max_results=1, timeout=(5, 10), retry=None))
+        raise
     except exceptions.NotFound:
         raise StorageError(
             f"{p}: the bucket gs://{bucket} does not exist (or this account cannot see it). "
@@ -469,9 +495,41 @@ def _check_bucket(p: str, bucket: str, name: str) -> None:
             f"{str(error)[:200]}). Check this machine's network (and STORAGE_EMULATOR_HOST "
             "when an emulator is meant)."
         ) from None
+    except (exceptions.TooManyRequests, exceptions.ServerError) as error:
+        raise StorageError(
+            f"{p}: Google Cloud Storage keeps failing ({error.code}: {error.message}); try "
+            "again later."
+        ) from None
     except Exception as error:  # noqa: BLE001 (google.auth's refresh errors)
         if "RefreshError" in type(error).__name__ or "TransportError" in type(error).__name__:
             raise StorageError(
                 f"{p}: the credentials could not be used ({error}). " + _NO_CREDENTIALS
             ) from None
         raise
+
+
+# What TensorFlow's, TensorStore's and Orbax's errors say when the store failed them (after
+# their own retries), as opposed to a bug.
+_STORE_FAILURES = (
+    "Error executing an HTTP request",
+    "retry attempts failed",
+    "when uploading gs://",
+    "when reading gs://",
+    "when reading metadata of gs://",
+    "storage.googleapis.com",
+    "www.googleapis.com",
+)
+
+
+def store_failure(error: BaseException) -> str | None:
+    """When `error` (or an error it was raised from) is an object store's failure that its
+    client gave up on, that failure in one line; None otherwise."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if any(marker in text for marker in _STORE_FAILURES):
+            line = re.sub(r"\{\{function_node[^}]*\}\}\s*", "", text.strip()).splitlines()[0]
+            return line[:400]
+        error = error.__cause__ or error.__context__
+    return None

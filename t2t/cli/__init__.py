@@ -125,6 +125,12 @@ def _check_object_stores(arguments: list[str]) -> None:
         files.check_reachable(*paths)
 
 
+def _store_failure(error: Exception) -> str | None:
+    """An object store's failure that its client gave up on, in one line (or None)."""
+    files = sys.modules.get("t2t.files")
+    return None if files is None or isinstance(error, OSError) else files.store_failure(error)
+
+
 def _stop_if_a_host_was_lost(command: str, error: Exception) -> None:
     """In a multi-host run, an error may be the sign of a lost peer (a collective's transport
     failing, an agreement timing out): the process then ends with the message naming the lost
@@ -187,6 +193,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
         _stop_if_a_host_was_lost(args.command, error)
+        failure = _store_failure(error)
+        if failure is not None:  # the store gave up: a message, exit 2, nothing lost
+            terminal.print_traceback(show_traceback)
+            print(
+                f"t2t {args.command}: error: the object store failed: {failure}. Every "
+                "checkpoint reported saved is intact (a save the store broke off never counts); "
+                "run the same command again to go on.",
+                file=sys.stderr,
+            )
+            return 2
         if terminal.is_user_error(error):  # bad input: a message, not a traceback
             terminal.print_traceback(show_traceback)
             print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)

@@ -17,7 +17,8 @@ Behind the front runs gcp-storage-emulator (pure Python, from PyPI) in memory, c
 where t2t relies on GCS behaviour it lacks: preconditions (`ifGenerationMatch`,
 `ifGenerationNotMatch`, `ifMetagenerationMatch`: 412, or 304 for a read), the
 `x-goog-generation` headers of downloads, empty uploads (the objects TensorFlow writes for
-directories), hard deletes and no per-write rewrite of its whole index.
+directories), the status of a resumable upload that has no byte yet, hard deletes and no
+per-write rewrite of its whole index.
 
 Faults (`Emulator.set_faults`): at a given rate, requests of the chosen kinds of operation get
 a 429 or 503 answer, their connection reset before the request reaches the store or after it
@@ -150,6 +151,18 @@ def _corrected_emulator():
     # In memory there is nothing to persist: its index rewrite on every write is quadratic.
     Storage._write_config_to_file = lambda self: None
     Storage._bucket_soft_delete_retention_seconds = lambda self, bucket: 0
+
+    def resumable_incomplete(response, storage, upload_id, fallback_end=0):
+        # GCS sends no Range at all while no byte is persisted; "bytes=0-0" (the emulator's)
+        # says one byte was, and a client resuming from byte 1 is then refused.
+        from gcp_storage_emulator.handlers.objects import GoogleHTTPStatus
+
+        response.status = GoogleHTTPStatus.RESUME_INCOMPLETE
+        received = storage.get_resumable_byte_count(upload_id)
+        if received > 0:
+            response["Range"] = f"bytes=0-{received - 1}"
+
+    objects._resumable_incomplete = resumable_incomplete
 
     def current(storage, bucket, name) -> tuple[int, int] | None:
         try:

@@ -286,3 +286,28 @@ def test_a_second_run_on_a_directory_in_the_bucket_stops_at_once_naming_the_firs
     assert not files.exists(f"{run}/train.lock")
     assert not files.exists(f"{run}/checkpoints")  # refused before anything was written
     _assert_nothing_local(clean_dir)
+
+
+def test_a_run_under_the_stores_faults_ends_as_the_straight_run(
+    gcs, straight, bucket_dir, clean_dir, train_argv, capsys
+):
+    """429s, 503s, connections reset before and after the store applied a request, stalls:
+    each client retries; the run ends identical to the straight one, with no damaged
+    checkpoint (benchmarks/fault_injection.py --store gcs --store_faults runs this at scale)."""
+    run = f"{bucket_dir}/run"
+    gcs.reset_stats()
+    gcs.set_faults(0.03, seed=3, stall_seconds=0.2)
+    try:
+        codes = [cli.main(train_argv(run, 9))]
+        while codes[-1] == 2 and len(codes) < 4:  # gave up with a message: run it again
+            codes.append(cli.main(train_argv(run, 9)))
+    finally:
+        gcs.set_faults(0)
+    injected = gcs.stats()["faults"]
+    assert codes[-1] == 0, (codes, capsys.readouterr().err[-3000:])
+    assert sum(injected.values()) >= 10, injected
+    assert {kind.split()[0] for kind in injected} >= {"429", "503", "reset", "reset-after"}
+    assert "Traceback" not in capsys.readouterr().err
+    _assert_same_run(run, straight)
+    assert cli.main(["check", run]) == 0
+    _assert_nothing_local(clean_dir)
