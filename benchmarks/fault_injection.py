@@ -193,6 +193,7 @@ def command(
 
 HOSTS = 1  # processes of a run (`--hosts`); each a host of one multi-host run
 LOST_SECONDS = 10  # the watchdog's bound in two-host runs ($T2T_HOST_LOST_SECONDS)
+JOIN_SECONDS = 60  # how long hosts wait for each other to join ($T2T_HOST_JOIN_SECONDS)
 ENV: dict[str, str] = {}  # added to every run's environment (the GCS emulator's)
 
 
@@ -208,6 +209,7 @@ class Processes:
                 s.bind(("localhost", 0))
                 port = s.getsockname()[1]
             env["T2T_HOST_LOST_SECONDS"] = str(LOST_SECONDS)
+            env["T2T_HOST_JOIN_SECONDS"] = str(JOIN_SECONDS)
             env.pop("XLA_FLAGS", None)
             hosts = [
                 {
@@ -356,16 +358,22 @@ _FROM_SCRATCH = re.compile(r"trained steps 0 -> ")
 
 def expected_exit(codes: list[int], number: int | None, target_process: int) -> bool:
     """Whether a try's exit codes are what its stop asks for. One process: SIGKILL -> killed;
-    SIGTERM -> 75 (or 0, finished first); no stop -> 0, or 2/75/76 with a message (a store
-    that kept failing). Two hosts: the killed one -> killed, its peer -> 76 (a lost peer) or,
-    when process 0 was killed, JAX's own abort (-6); SIGTERM to one -> 75 on both (or 0)."""
+    SIGTERM -> 75 (or 0, finished first; or killed by it before t2t's handler was set, in
+    the first second of start-up); no stop -> 0, or 2/75/76 with a message (a store that kept
+    failing). Two hosts: the killed one -> killed, its peer -> 76 (a lost peer) or JAX's own
+    abort (-6: process 0, the coordination service, was killed, or a process was lost before
+    all had joined); SIGTERM to one -> 75 on both (or 0), its peer 76 or -6 when the one
+    stopped at once outside the training loop."""
     if number is None:
         return all(code in (0, 2, 75, 76) for code in codes)
+    others = [c for i, c in enumerate(codes) if i != target_process]
     if number == signal.SIGKILL:
-        others = [c for i, c in enumerate(codes) if i != target_process]
-        peer_ok = (-signal.SIGABRT, 134, 0) if target_process == 0 else (76, 0)
+        peer_ok = (76, -signal.SIGABRT, 0)
         return codes[target_process] == -signal.SIGKILL and all(c in peer_ok for c in others)
-    return all(code in (PREEMPTED, 0) for code in codes)
+    if codes[target_process] not in (PREEMPTED, 0, -signal.SIGTERM):
+        return False
+    peer_ok = (PREEMPTED, 0) if codes[target_process] == 0 else (PREEMPTED, 0, 76, -6)
+    return all(c in peer_ok for c in others)
 
 
 def _last_message(text: str) -> str:

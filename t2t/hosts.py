@@ -18,7 +18,11 @@ with `LOST_EXIT_CODE`, wherever its main thread is (waiting in a collective of t
 step, in a save, in an agreement). So a process outlives a lost peer by at most
 `LOST_SECONDS + BEAT_SECONDS` (35 s), well within JAX's own heartbeat timeout (100 s), after
 which the coordination service would end it with a fatal error of its own. A process that
-ends normally says so first (`finished`), and is not mistaken for a lost one.
+completes its command says so first (`finished`), and is not mistaken for a lost one.
+
+Before every process has joined (`jax.distributed.initialize`) there is no service to beat in:
+a process lost then leaves the others waiting until JAX's join timeout (300 s by default,
+`$T2T_HOST_JOIN_SECONDS`), which ends them with JAX's message.
 
 The loss of process 0 is the exception: it serves the coordination service, and JAX ends every
 other process at once when it goes ("Terminating process because the JAX distributed service
@@ -28,7 +32,6 @@ can speak.
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import threading
@@ -186,11 +189,13 @@ def watch(on_lost: Callable[[list[int]], None] | None = None) -> None:
         return
     _WATCHDOG = _Watchdog(BEAT_SECONDS, LOST_SECONDS, on_lost or stop_for_lost)
     _WATCHDOG.start()
-    atexit.register(finished)
 
 
 def finished() -> None:
-    """Tells the other processes this one ends on purpose (not lost), and stops watching."""
+    """Tells the other processes this one has done its work (its silence from now on is not a
+    loss), and stops watching. Called when a command completes; a process that stops early
+    (an error, a SIGTERM outside the training loop) does not, and its peers, which would wait
+    for it in their next collective, end within the watchdog's bound instead."""
     global _WATCHDOG
     if _WATCHDOG is None:
         return

@@ -163,6 +163,8 @@ def initialize_distributed(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
+        # How long a process waits for all to join ($T2T_HOST_JOIN_SECONDS; JAX's 300 s).
+        initialization_timeout=_env_int("T2T_HOST_JOIN_SECONDS") or 300,
     )
     hosts.watch()  # a lost peer ends this process with a message, not a hang
     return jax.process_count() > 1

@@ -15,7 +15,7 @@ import gin
 import jax
 import optax
 
-from t2t import files, models
+from t2t import files, hosts, models
 from t2t.errors import UserError
 from t2t.finetuning import FineTuning
 from t2t.nn.config import TransformerConfig
@@ -137,7 +137,9 @@ def train(
     partitioning.initialize_distributed()
     _check_learning_rate(run.learning_rate, run.train_steps)
     with lock.hold(model_dir):  # one writer per model directory; fails fast when held
-        return _train(run)
+        summary = _train(run)
+    hosts.finished()  # the other hosts' watchdogs see this process end on purpose
+    return summary
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -74,7 +74,9 @@ def test_model_dirs_finds_every_stage_and_run_and_nothing_inside_them(tmp_path):
         ([76, -9], signal.SIGKILL, 1, True),
         ([-9, -6], signal.SIGKILL, 0, True),  # process 0 lost: JAX ends the other at once
         ([75, 75], signal.SIGTERM, 1, True),
+        ([76, 75], signal.SIGTERM, 1, True),  # stopped at once in start-up: its peer finds it lost
         ([75, 1], signal.SIGTERM, 1, False),
+        ([-15], signal.SIGTERM, 0, True),  # before t2t's handler was set
     ],
 )
 def test_the_exit_codes_each_stop_expects(codes, number, process, expected):
