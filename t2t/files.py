@@ -533,3 +533,31 @@ def store_failure(error: BaseException) -> str | None:
             return line[:400]
         error = error.__cause__ or error.__context__
     return None
+
+
+# A write the file system refused for room: errno, and the words of TensorFlow and TensorStore.
+_NO_ROOM = {
+    28: "the disk is full",  # ENOSPC
+    27: "a file grew past this process's file-size limit (ulimit -f)",  # EFBIG
+    122: "the disk quota is used up",  # EDQUOT
+}
+_NO_ROOM_WORDS = {
+    "No space left on device": 28,
+    "File too large": 27,
+    "Disk quota exceeded": 122,
+}
+
+
+def out_of_room(error: BaseException) -> str | None:
+    """Why a write failed for want of room (a full disk, the file-size limit, a quota), when
+    that is what `error` (or an error it came from) says; None otherwise."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_ROOM:
+            return _NO_ROOM[error.errno]
+        for words, number in _NO_ROOM_WORDS.items():
+            if words in str(error):
+                return _NO_ROOM[number]
+        error = error.__cause__ or error.__context__
+    return None

@@ -49,6 +49,21 @@ _COMMIT_MARKER = "commit_success.txt"  # Orbax's sign of a finished step on an o
 _ITEMS = ("params", "opt_state", "data_iterator", "metadata")
 
 
+class _ReportedByTheCaller(logging.Filter):
+    """Orbax logs an error of its background save thread, traceback and all, then raises it to
+    the caller (`CheckpointManager.save`, `wait_until_finished`), which reports it: once is
+    enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.levelno >= logging.ERROR
+            and "_SignalingThread.run() raised an exception" in str(record.msg)
+        )
+
+
+logging.getLogger("absl").addFilter(_ReportedByTheCaller())
+
+
 class SavableIterator(Protocol):
     """What the manager needs of an input pipeline (`t2t.data.pipeline.InputPipeline` has it)."""
 
@@ -200,6 +215,7 @@ class CheckpointManager:
         )
         self._options = options
         self._manager = self._open()
+        self._saving: int | None = None  # the step of the latest save begun
 
     def _open(self) -> ocp.CheckpointManager:
         return ocp.CheckpointManager(
@@ -264,12 +280,16 @@ class CheckpointManager:
             items["opt_state"] = ocp.args.StandardSave(opt_state)
         if data_iterator is not None:
             items["data_iterator"] = DataIteratorSave(data_iterator)
-        saved = self._manager.save(
-            step,
-            args=ocp.args.Composite(**items),
-            metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
-            force=True,
-        )
+        self._saving = step
+        try:
+            saved = self._manager.save(
+                step,
+                args=ocp.args.Composite(**items),
+                metrics=None if metrics is None else {k: float(v) for k, v in metrics.items()},
+                force=True,
+            )
+        except Exception as error:  # noqa: BLE001 (a full disk is said; anything else raised)
+            raise self._no_room(error) from error
         if not saved:
             logging.warning("Orbax skipped the checkpoint of step %d.", step)
 
@@ -278,8 +298,24 @@ class CheckpointManager:
         return self._manager.is_saving_in_progress()
 
     def wait_until_finished(self) -> None:
-        """Blocks until every pending asynchronous save is on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until every pending asynchronous save is on disk.
+
+        Raises:
+          CheckpointWriteError: the save could not be written for want of room.
+        """
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001 (a full disk is said; anything else raised)
+            raise self._no_room(error) from error
+
+    def _no_room(self, error: Exception) -> Exception:
+        """`error` itself, or a CheckpointWriteError when the file system had no room for it."""
+        why = files.out_of_room(error)
+        if why is None:
+            return error
+        with contextlib.suppress(Exception):
+            self._manager.reload()
+        return CheckpointWriteError(self.directory, self._saving, why, self.all_steps())
 
     def close(self) -> None:
         self._manager.close()
@@ -569,6 +605,24 @@ class CheckpointManager:
                 f"No checkpoint of step {step} under {self.directory}; saved steps: {steps}."
             )
         return step
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint the file system had no room for (a full disk, the file-size limit)."""
+
+    def __init__(self, directory, step: int | None, why: str, kept: list[int]):
+        kept_text = (
+            f"the checkpoints saved before it are intact (steps {kept}) and the run resumes from "
+            f"step {kept[-1]}"
+            if kept
+            else "no checkpoint was saved before it, so the run starts from step 0"
+        )
+        super().__init__(
+            f"Saving the checkpoint of step {step} in {directory} failed: {why}. Nothing of it "
+            f"counts: {kept_text}. Make room (or raise the limit), then run the same command "
+            "again."
+        )
+        self.step, self.kept = step, kept
 
 
 class IncompatibleCheckpointError(ValueError):

@@ -142,6 +142,8 @@ class Trainer:
     _evaluated_at: int | None = None  # the step of the latest evaluation
     _saved_step: int | None = None  # the step of the latest checkpoint this run saved
     _stop_signal: int | None = None  # SIGTERM or SIGINT received
+    _in_save = False  # inside CheckpointManager.save (its synchronous part)
+    _interrupt_after_save = False  # a second Ctrl-C came during a save
 
     def __init__(
         self,
@@ -333,6 +335,9 @@ class Trainer:
 
         def handler(signum, frame):
             if self._stop_signal is not None and signum == signal.SIGINT:
+                if self._in_save:  # the write under way is finished first, then we stop
+                    self._interrupt_after_save = True
+                    return
                 raise KeyboardInterrupt  # a second Ctrl-C: stop at once
             self._stop_signal = signum
             if self.is_chief:
@@ -552,16 +557,22 @@ class Trainer:
 
     def _save(self, metrics: Mapping[str, float] | None, progress: reporting.Progress) -> None:
         savable = hasattr(self.train_data, "save") and hasattr(self.train_data, "restore")
-        self.manager.save(
-            self.state.step,
-            params=self.state.params,
-            opt_state=self.state.opt_state,
-            data_iterator=self.train_data if savable else None,
-            metadata=self.checkpoint_metadata(),
-            metrics=metrics,
-        )
+        self._in_save = True  # a second Ctrl-C now waits for this save (see `_signals`)
+        try:
+            self.manager.save(
+                self.state.step,
+                params=self.state.params,
+                opt_state=self.state.opt_state,
+                data_iterator=self.train_data if savable else None,
+                metadata=self.checkpoint_metadata(),
+                metrics=metrics,
+            )
+        finally:
+            self._in_save = False
         self._saved_step = self.state.step
         self._uncommitted.append(self.state.step)
+        if self._interrupt_after_save:  # its commit is awaited on the way out (`_finish`)
+            raise KeyboardInterrupt
         self.plot_loss_curve()
 
     def _report_commits(self, progress: reporting.Progress | None, wait: bool = False) -> None:

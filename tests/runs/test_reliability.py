@@ -318,34 +318,53 @@ def test_a_second_ctrl_c_while_the_checkpoint_commits_leaves_it_intact(
     from t2t.checkpoints import manager
     from t2t.data import pipeline
 
-    calls = {"batches": 0, "waits": 0}
+    calls = {"batches": 0, "saves": 0, "waits": 0}
     original_next = pipeline.InputPipeline.__next__
+    original_save = manager.CheckpointManager.save
     original_wait = manager.CheckpointManager.wait_until_finished
 
     def next_then_sigint(self):
         calls["batches"] += 1
-        if calls["batches"] == 3:
+        if calls["batches"] == 4:
             os.kill(os.getpid(), signal.SIGINT)  # save after this step, then stop
         return original_next(self)
 
-    def second_sigint_while_waiting(self):
+    def second_sigint_inside_the_save(self, *args, **kwargs):
+        calls["saves"] += 1
+        if calls["saves"] == 2:  # the stop's save (the first is step 3's): its start
+            os.kill(os.getpid(), signal.SIGINT)
+        return original_save(self, *args, **kwargs)
+
+    def third_sigint_while_waiting(self):
         calls["waits"] += 1
         if calls["waits"] == 1:  # the wait for the stop's checkpoint to commit
             os.kill(os.getpid(), signal.SIGINT)
         return original_wait(self)
 
     monkeypatch.setattr(pipeline.InputPipeline, "__next__", next_then_sigint)
-    monkeypatch.setattr(
-        manager.CheckpointManager, "wait_until_finished", second_sigint_while_waiting
-    )
+    monkeypatch.setattr(manager.CheckpointManager, "save", second_sigint_inside_the_save)
     run = tmp_path / "run"
     assert cli.main(_argv(run, 9)) == 130
     err = capsys.readouterr().err
     assert "t2t train: interrupted; nothing was saved" in err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    # The save under way was finished, not torn: every checkpoint left verifies.
+    # Issue 51: the save under way was abandoned (a 4.orbax-checkpoint-tmp left behind). Now it
+    # is finished, then the run stops.
+    assert model_dir_lib.ModelDir(run).steps() == [3, 4]
+    assert not [n for n in os.listdir(run / "checkpoints") if "tmp" in n]
     statuses = {s: status for s, (status, _) in model_dir_lib.ModelDir(run).check().items()}
-    assert statuses and set(statuses.values()) == {"ok"}
+    assert set(statuses.values()) == {"ok"}
+
+    # A second Ctrl-C in the wait for the commit: the wait is cut, the commit still awaited.
+    monkeypatch.setattr(manager.CheckpointManager, "save", original_save)
+    monkeypatch.setattr(
+        manager.CheckpointManager, "wait_until_finished", third_sigint_while_waiting
+    )
+    calls["batches"] = 0
+    again = tmp_path / "again"
+    assert cli.main(_argv(again, 9)) == 130
+    assert model_dir_lib.ModelDir(again).steps() == [3, 4]
+    assert not [n for n in os.listdir(again / "checkpoints") if "tmp" in n]
 
 
 def _harness():
@@ -597,3 +616,51 @@ def test_the_command_line_asks_jax_for_threefry_as_one_gpu_kernel(tmp_path, monk
     monkeypatch.setenv("JAX_THREEFRY_GPU_KERNEL_LOWERING", "0")
     cli.main(["check", str(tmp_path / "missing")])
     assert os.environ["JAX_THREEFRY_GPU_KERNEL_LOWERING"] == "0"
+
+
+LIMITED = textwrap.dedent("""
+    import resource, signal, sys
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+    limit = int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    from t2t import cli
+    sys.exit(cli.main(sys.argv[2:]))
+""")
+
+
+def test_a_save_without_room_is_a_message_and_the_run_resumes_once_there_is_room(runs, tmp_path):
+    """Issue 51: a save past the file-size limit (`ulimit -f`) printed about 200 lines of
+    traceback calling itself a bug in t2t. Now: which save, why, what is kept, exit 2; a full
+    disk (ENOSPC) and a quota are said the same way."""
+    run = tmp_path / "run"
+    shutil.copytree(runs / "six", run)
+    limited = subprocess.run(  # checkpoint files of this network exceed 300 kB, the rest not
+        [sys.executable, "-c", LIMITED, "300000", *_argv(run, 9)],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert limited.returncode == 2, limited.stderr[-3000:]
+    assert (
+        f"Saving the checkpoint of step 9 in {run}/checkpoints failed: a file grew past this "
+        "process's file-size limit (ulimit -f)"
+    ) in limited.stderr
+    assert "the checkpoints saved before it are intact (steps [3, 6])" in limited.stderr
+    assert "Traceback" not in limited.stderr and "bug in t2t" not in limited.stderr
+    assert model_dir_lib.ModelDir(run).steps() == [3, 6]
+    assert cli.main(_argv(run, 9)) == 0  # room again: resumes from 6, as if nothing happened
+    _assert_same_run(run, runs / "straight")
+
+
+def test_a_full_disk_and_a_quota_are_told_apart_from_other_errors():
+    from t2t import files
+
+    assert files.out_of_room(OSError(28, "No space left on device")) == "the disk is full"
+    assert files.out_of_room(OSError(122, "Disk quota exceeded")) == "the disk quota is used up"
+    wrapped = RuntimeError("tensorstore: Error writing local file: File too large")
+    try:
+        raise ValueError("the save failed") from wrapped
+    except ValueError as error:
+        assert "file-size limit" in files.out_of_room(error)
+    assert files.out_of_room(OSError(2, "No such file or directory")) is None
