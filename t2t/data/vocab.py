@@ -38,6 +38,26 @@ def load_vocabulary(path: str, extra_ids: int = NUM_SENTINELS) -> seqio.Sentence
     return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
 
 
+def check_model_file(path: str, flag: str = "--vocabulary_file") -> None:
+    """Raises UserError unless `path` (local or gs://) is a SentencePiece model that loads."""
+    from t2t.errors import UserError
+
+    if not files.exists(path) or files.isdir(path):
+        raise UserError(
+            f"{flag} {path} is not a file. Give a SentencePiece model (.model), e.g. the "
+            "spiece.model a t2t model directory carries, or one `t2t vocab` trains."
+        )
+    try:
+        spm.SentencePieceProcessor(model_proto=files.read_bytes(path))
+    except Exception as error:  # noqa: BLE001 (protobuf's DecodeError, SentencePiece's RuntimeError)
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UserError(
+            f"{flag} {path} is not a SentencePiece model ({reason}). Give the .model file "
+            "that spm_train or `t2t vocab` writes (a t2t model directory carries its own as "
+            "spiece.model), not a text or .vocab file."
+        ) from None
+
+
 _default_override: str | None = None
 _default_instances: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> vocab
 

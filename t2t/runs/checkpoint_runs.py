@@ -22,12 +22,15 @@ def export(
 ) -> str:
     """Writes a HF-format release directory from a checkpoint (see `t2t.release.export`)."""
     from t2t import release
+    from t2t.data import vocab
 
     refuse_overwriting_inputs(
         {"--output_dir": output_dir},
         {"--vocabulary_file": vocabulary_file, "--eval_results": eval_results},
         {"--model_dir": model_dir},
     )
+    if vocabulary_file is not None:
+        vocab.check_model_file(vocabulary_file)
     path = release.export(
         require(model_dir, "--model_dir", "export.model_dir"),
         require(output_dir, "--output_dir", "export.output_dir"),

@@ -202,6 +202,7 @@ def infer(
       The number of records written.
     """
     from t2t import inference
+    from t2t.data import vocab
 
     output_file = helpers.require(output_file, "--output_file", "infer.output_file")
     if isinstance(checkpoints, str):
@@ -211,6 +212,8 @@ def infer(
         {"--input_file": input_file, "--vocabulary_file": vocabulary_file},
         {"--model_dir": model_dir, **_member_dirs(checkpoints)},
     )
+    if vocabulary_file is not None:
+        vocab.check_model_file(vocabulary_file)
     if task is not None:
         helpers.import_task_modules(modules, [task])
         helpers.use_carried_vocabulary(model_dir, *checkpoints)

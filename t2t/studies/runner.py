@@ -214,6 +214,24 @@ def _check_arms(arms: Any) -> None:
                 )
 
 
+def _check_tasks_and_seeds(tasks: Any, seeds: Any) -> None:
+    """Raises UserError unless the study has tasks (names) and seeds (integers) to run: a grid
+    with none of either runs nothing and could only write an empty report (over a study's)."""
+    if isinstance(tasks, str) or not isinstance(tasks, Sequence) or not tasks:
+        raise UserError(
+            f"t2t.studies.run.tasks must be a non-empty list of task names, got {tasks!r}: e.g. "
+            '["builtin_order", "builtin_package"].'
+        )
+    if not all(isinstance(t, str) and t for t in tasks):
+        raise UserError(f"t2t.studies.run.tasks must hold task names (strings), got {tasks!r}.")
+    if isinstance(seeds, str) or not isinstance(seeds, Sequence) or not seeds:
+        raise UserError(
+            f"t2t.studies.run.seeds must be a non-empty list of integers, got {seeds!r}."
+        )
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise UserError(f"t2t.studies.run.seeds must hold integers, got {seeds!r}.")
+
+
 @gin.configurable(module="t2t.studies")
 def run(
     study_dir: str = gin.REQUIRED,
@@ -269,6 +287,7 @@ def run(
       The aggregation written to study.json.
     """
     _check_arms(arms)
+    _check_tasks_and_seeds(tasks, seeds)
     if only_arms:
         unknown = sorted(set(only_arms) - {a["name"] for a in arms})
         if unknown:

@@ -664,3 +664,22 @@ def test_a_full_disk_and_a_quota_are_told_apart_from_other_errors():
     except ValueError as error:
         assert "file-size limit" in files.out_of_room(error)
     assert files.out_of_room(OSError(2, "No such file or directory")) is None
+
+
+def test_a_vocabulary_file_that_is_not_a_sentencepiece_model_is_a_message(runs, tmp_path, capsys):
+    """Issue 51: infer with a text file as --vocabulary_file exited 1 with protobuf's traceback
+    and 'This is a bug in t2t'."""
+    not_a_model = tmp_path / "words.txt"
+    not_a_model.write_text("hello\nworld\n")
+    examples = tmp_path / "in.jsonl"
+    examples.write_text('{"inputs": "def main():"}\n')
+    common = [f"--model_dir={runs / 'straight'}", f"--vocabulary_file={not_a_model}"]
+    for argv in (
+        ["infer", *common, f"--input_file={examples}", f"--output_file={tmp_path / 'o.jsonl'}"],
+        ["export", *common, f"--output_dir={tmp_path / 'release'}"],
+    ):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"--vocabulary_file {not_a_model} is not a SentencePiece model" in err, err
+        assert "Traceback" not in err
+    assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "release").exists()

@@ -271,6 +271,15 @@ def test_arms_selects_a_subset_of_the_study(micro, tmp_path, capsys):
         ),
         # A study file that binds no tasks got gin's RuntimeError (exit 1) before issue 33.
         (None, "['tasks']. Bind each in a gin file (`studies.run.tasks = ...`)"),
+        # Issue 51: tasks = [] raised ZeroDivisionError (exit 1) and wrote an empty study.md.
+        (
+            ('t2t.studies.run.tasks = ["builtin_order"]', "t2t.studies.run.tasks = []"),
+            "t2t.studies.run.tasks must be a non-empty list of task names, got []",
+        ),
+        (
+            ("t2t.studies.run.seeds = [0, 1]", "t2t.studies.run.seeds = []"),
+            "t2t.studies.run.seeds must be a non-empty list of integers, got []",
+        ),
     ],
 )
 def test_a_malformed_study_file_exits_2_with_what_to_fix(micro, tmp_path, capsys, change, message):
@@ -285,10 +294,15 @@ def test_a_malformed_study_file_exits_2_with_what_to_fix(micro, tmp_path, capsys
         text = open(micro).read()
         assert old in text
         broken.write_text(text.replace(old, new))
-    argv = ["study", f"--gin_file={broken}", f"--study_dir={tmp_path / 's'}", "--print_commands"]
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err, err
+    study_dir = tmp_path / "s"
+    study_dir.mkdir()
+    (study_dir / "study.md").write_text("an earlier study's results")
+    for mode in ("--print_commands", "--aggregate_only"):
+        argv = ["study", f"--gin_file={broken}", f"--study_dir={study_dir}", mode]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert (study_dir / "study.md").read_text() == "an earlier study's results"
 
 
 def test_a_broken_arm_is_refused_before_any_run_trains(micro, tmp_path, capsys):
