@@ -30,12 +30,20 @@ def seqio_cache_dirs():
 
 
 def test_a_seqio_cache_written_to_the_bucket_reads_back_as_the_task(
-    gcs, bucket_dir, clean_dir, listing, capsys, seqio_cache_dirs
+    gcs, bucket_dir, clean_dir, listing, capsys, seqio_cache_dirs, train_argv
 ):
     cache_dir = f"{bucket_dir}/seqio_cache"
     argv = ["cache", "--task", "builtin_package", "--output_cache_dir", cache_dir]
-    assert cli.main([*argv, "--module", "t2t.data.tasks.builtin"]) == 0
-    assert f"builtin_package: {cache_dir}/builtin_package" in capsys.readouterr().out
+    both = [*argv, "--task", "builtin_span_corruption", "--module", "t2t.data.tasks.builtin"]
+    assert cli.main(both) == 0
+    out = capsys.readouterr().out
+    assert f"builtin_package: {cache_dir}/builtin_package" in out
+    # What the command says to do next, as docs/cloud.md does it: train on the cache.
+    assert f"--seqio_cache_dir={cache_dir} --gin.t2t.runs.DataOptions.use_cached=True" in out
+    run = f"{bucket_dir}/run"
+    cached = ["--gin.t2t.runs.DataOptions.use_cached=True", f"--seqio_cache_dir={cache_dir}"]
+    assert cli.main(train_argv(run, 2, *cached)) == 0
+    assert "trained steps 0 -> 2" in capsys.readouterr().out
     held = set(listing(f"{cache_dir}/builtin_package"))
     assert {"COMPLETED", "info.train.json", "info.validation.json"} <= held
     assert cli.main(argv) == 0 and "already cached" in capsys.readouterr().out
