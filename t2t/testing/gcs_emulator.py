@@ -17,8 +17,9 @@ Behind the front runs gcp-storage-emulator (pure Python, from PyPI) in memory, c
 where t2t relies on GCS behaviour it lacks: preconditions (`ifGenerationMatch`,
 `ifGenerationNotMatch`, `ifMetagenerationMatch`: 412, or 304 for a read), the
 `x-goog-generation` headers of downloads, empty uploads (the objects TensorFlow writes for
-directories), the status of a resumable upload that has no byte yet, hard deletes and no
-per-write rewrite of its whole index.
+directories), the status of a resumable upload that has no byte yet, a bucket's storage layout
+(TensorFlow asks before it renames a directory), hard deletes and no per-write rewrite of its
+whole index.
 
 Faults (`Emulator.set_faults`): at a given rate, requests of the chosen kinds of operation get
 a 429 or 503 answer, their connection reset before the request reaches the store or after it
@@ -136,7 +137,7 @@ def _certificates(directory: str) -> tuple[str, str]:
 def _corrected_emulator():
     """gcp-storage-emulator's server module, corrected where GCS behaves otherwise (see the
     module docstring)."""
-    from gcp_storage_emulator import server
+    from gcp_storage_emulator import server, settings
     from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
     from gcp_storage_emulator.storage import Storage
@@ -249,7 +250,29 @@ def _corrected_emulator():
         run.__wrapped__ = handler
         return run
 
-    server.HANDLERS = tuple(
+    def storage_layout(request, response, storage, *args, **kwargs):
+        # TensorFlow asks before renaming a "directory"; a flat namespace is GCS's default.
+        from http import HTTPStatus
+
+        bucket = request.params["bucket_name"]
+        if bucket not in storage.buckets:
+            response.status = HTTPStatus.NOT_FOUND
+            return
+        response.json(
+            {
+                "kind": "storage#storageLayout",
+                "bucket": bucket,
+                "location": "US",
+                "locationType": "multi-region",
+                "hierarchicalNamespace": {"enabled": False},
+            }
+        )
+
+    layout = (
+        rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/storageLayout$",
+        {"GET": storage_layout},
+    )
+    server.HANDLERS = (layout,) + tuple(
         (pattern, {method: corrected(h) for method, h in handlers.items()})
         for pattern, handlers in server.HANDLERS
     )
@@ -391,6 +414,10 @@ class _Front(socketserver.StreamRequestHandler):
                 status, reason, answer_headers, data = self._forward(
                     method, target, header_list, body
                 )
+                if self.server.log is not None:
+                    with self.server.log_lock:
+                        self.server.log.write(f"{method} {target[:300]} -> {status}\n")
+                        self.server.log.flush()
                 if fault == "reset-after":
                     return _reset(connection)
                 # The store writes links (a resumable upload's Location, an object's
@@ -464,7 +491,9 @@ class _FrontServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
 
-def serve(directory: str, buckets: list[str], port: int = 0, on_ready=None) -> None:
+def serve(
+    directory: str, buckets: list[str], port: int = 0, on_ready=None, log: str | None = None
+) -> None:
     """Runs the emulator and its front until killed; once both accept connections, calls
     `on_ready(port, authority_file)` (default: prints {"port", "ca"} as one JSON line)."""
     import logging
@@ -484,6 +513,8 @@ def serve(directory: str, buckets: list[str], port: int = 0, on_ready=None) -> N
     front.tls = tls
     front.store_port = store._api._httpd.server_address[1]
     front.faults = _Faults()
+    front.log = open(log, "a") if log else None  # each request and its status, for debugging
+    front.log_lock = threading.Lock()
     if on_ready is None:
         print(json.dumps({"port": front.server_address[1], "ca": authority}), flush=True)
     else:
@@ -604,10 +635,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket", action="append", default=[], help="a bucket to create")
     parser.add_argument("--port", type=int, default=0, help="the front's port (0: any free one)")
     parser.add_argument("--directory", help="where the certificates go (default: a new one)")
+    parser.add_argument("--log", help="append each request and its status to this file")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.directory, args.bucket, args.port)
+        serve(args.directory, args.bucket, args.port, log=args.log)
         return
     buckets = args.bucket or ["bucket"]
 
@@ -618,7 +650,8 @@ def main(argv: list[str] | None = None) -> None:
         print("# Buckets:", ", ".join(f"gs://{b}" for b in buckets), flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        serve(args.directory or tempfile.mkdtemp(prefix="t2t-gcs-"), buckets, args.port, announce)
+        directory = args.directory or tempfile.mkdtemp(prefix="t2t-gcs-")
+        serve(directory, buckets, args.port, announce, log=args.log)
 
 
 if __name__ == "__main__":

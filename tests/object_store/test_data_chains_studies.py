@@ -138,3 +138,70 @@ def test_a_chain_and_a_micro_study_keep_everything_in_the_bucket(
     result = json.loads(files.read_text(f"{study_dir}/study.json"))
     assert result["missing"] == [] and set(result["arms"]) == {"pre-trained", "no pre-training"}
     assert os.listdir(clean_dir) == []
+
+
+TASK_MODULE = """
+import seqio
+import tensorflow_datasets as tfds
+from t2t.data import vocab
+
+
+class T2tLines(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        features = tfds.features.FeaturesDict({{"text": tfds.features.Text()}})
+        return tfds.core.DatasetInfo(builder=self, features=features)
+
+    def _split_generators(self, dl_manager):
+        return {{"train": self._generate_examples()}}
+
+    def _generate_examples(self):
+        for i in range(40):
+            yield i, {{"text": f"def function_{{i}}(x): return x + {{i}}"}}
+
+
+VOCABULARY = vocab.load_vocabulary({vocab_path!r})
+seqio.TaskRegistry.add(
+    "t2t_lines_copy",
+    source=seqio.TfdsDataSource(tfds_name="t2t_lines:1.0.0"),
+    preprocessors=[
+        lambda ds: seqio.preprocessors.rekey(ds, {{"inputs": "text", "targets": "text"}}),
+        seqio.preprocessors.tokenize,
+        seqio.preprocessors.append_eos,
+    ],
+    output_features={{"inputs": seqio.Feature(VOCABULARY), "targets": seqio.Feature(VOCABULARY)}},
+)
+"""
+
+
+def test_a_tfds_dataset_prepared_in_the_bucket_trains_a_task(
+    gcs, bucket_dir, clean_dir, tmp_path, builtin_corpus, train_argv, capsys, monkeypatch
+):
+    """A TFDS dataset prepared into the bucket (TFDS writes it, then renames its directory on
+    the store) read by a user's task through --tfds_data_dir=gs://..."""
+    import importlib
+
+    module = f"lines_task_{os.getpid()}"
+    (tmp_path / f"{module}.py").write_text(
+        TASK_MODULE.format(vocab_path=builtin_corpus.vocabulary_path)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data_dir = f"{bucket_dir}/tfds"
+    importlib.import_module(module).T2tLines(data_dir=data_dir).download_and_prepare()
+    monkeypatch.delenv("TFDS_DATA_DIR", raising=False)
+    argv = train_argv(
+        f"{bucket_dir}/run",
+        2,
+        "--import",
+        module,
+        f"--tfds_data_dir={data_dir}",
+        "--gin.MIXTURE_OR_TASK='t2t_lines_copy'",
+        "--gin.EVAL_TASKS=[]",
+    )
+    try:
+        assert cli.main(argv) == 0, capsys.readouterr().err[-3000:]
+    finally:
+        seqio.set_tfds_data_dir_override(None)  # the flag sets it for the process
+    assert "trained steps 0 -> 2" in capsys.readouterr().out
+    assert os.listdir(clean_dir) == []

@@ -259,12 +259,12 @@ def test_eval_infer_export_average_and_a_run_started_from_the_bucket(
     assert model_dir_lib.ModelDir(averaged).steps() == [9]
     assert {"config.gin", "model_config.json", "spiece.model"} <= set(listing(averaged))
 
-    started = f"{bucket_dir}/from_bucket"
-    assert (
-        cli.main(train_argv(started, 2, f"--gin.t2t.runs.train.init_checkpoint='{averaged}'")) == 0
-    )
-    metadata = model_dir_lib.ModelDir(started).metadata()
-    assert metadata["initialized_from"]["path"] == averaged
+    for source in (averaged, release):  # a t2t model directory, a HF directory: both in the bucket
+        started = f"{bucket_dir}/from_{files.basename(source)}"
+        init = f"--gin.t2t.runs.train.init_checkpoint='{source}'"
+        assert cli.main(train_argv(started, 2, init)) == 0
+        metadata = model_dir_lib.ModelDir(started).metadata()
+        assert metadata["initialized_from"]["path"] == source
     capsys.readouterr()
     _assert_nothing_local(clean_dir)
 
