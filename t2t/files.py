@@ -31,6 +31,7 @@ import os
 import posixpath
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -46,8 +47,6 @@ class StorageError(OSError):
 
 
 def _tf_errors():
-    import sys
-
     tf = sys.modules.get("tensorflow")
     return tf.errors if tf is not None else None
 

@@ -62,7 +62,8 @@ class HostLostError(RuntimeError):
 
 
 def _client():
-    """JAX's coordination-service client, or None in a single-process run."""
+    """JAX's coordination-service client, or None in a single-process run. JAX keeps it in a
+    private module (`jax._src.distributed`), where Orbax's multi-host utilities find it too."""
     import jax
     from jax._src import distributed
 
@@ -72,8 +73,9 @@ def _client():
 
 
 def agree(name: str, value: str, *, seconds: float = AGREEMENT_SECONDS) -> list[str]:
-    """Every process's `value` for agreement `name` (one name per agreement and run), in
-    process order; `[value]` in a single-process run.
+    """Every process's `value` for an agreement, in process order; `[value]` in a
+    single-process run. Every process makes the same agreements in the same order (they are
+    numbered); `name` says what is agreed, for the message when a process does not come.
 
     Raises:
       HostLostError: naming the processes whose value did not come within `seconds`.

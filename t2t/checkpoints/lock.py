@@ -262,8 +262,11 @@ class RunLock:
         while not self._stop.wait(self.heartbeat_seconds):
             try:
                 refreshed = self._refresh()
-            except OSError as error:  # the store failed past its retries: try next beat
-                print(f"WARNING: the lock's heartbeat failed ({error}).", file=sys.stderr)
+            except Exception as error:  # noqa: BLE001 (the store failed past its retries)
+                print(
+                    f"WARNING: the lock's heartbeat failed ({error}); trying again.",
+                    file=sys.stderr,
+                )
                 continue
             if not refreshed:
                 current = self._read()
