@@ -481,7 +481,9 @@ def run(
             "damaged": damaged,
             "store_faults": faults,
             "message": _last_message(said) if any(codes) else "",
-            "traceback": "Traceback (most recent call last)" in said,
+            "traceback": any(
+                "Traceback (most recent call last)" in group.output(i) for i in range(HOSTS)
+            ),
             "restarted_from_scratch": any(before.values()) and bool(_FROM_SCRATCH.search(said)),
             "stopped_at": int(saved.group(1)) if saved else None,
             "expected_exit": expected_exit(codes, number, target_process),
