@@ -454,10 +454,12 @@ def _check_bucket(p: str, bucket: str, name: str) -> None:
         exceptions.TooManyRequests,
         exceptions.ServerError,
     )
-    for attempt in range(3):  # a failure now and then is the store's weather: 3 tries, < 20 s
+    for attempt in range(3):  # a dropped request now and then is the store's weather
         try:
-            list(client.list_blobs(bucket, prefix=name, max_results=1, timeout=(5, 5), retry=None))
+            list(client.list_blobs(bucket, prefix=name, max_results=1, timeout=(3, 5), retry=None))
             return
+        except requests.ConnectTimeout:  # no answer at all in 3 s: no network, not weather
+            raise_unusable(p, bucket)
         except transient:
             if attempt == 2:
                 raise_unusable(p, bucket)

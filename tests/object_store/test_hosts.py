@@ -18,7 +18,7 @@ from t2t.checkpoints import model_dir as model_dir_lib
 from t2t.trainer import loop, reporting
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOST_SECONDS = 6  # the watchdog's bound in these runs ($T2T_HOST_LOST_SECONDS; 30 by default)
+LOST_SECONDS = 12  # the watchdog's bound in these runs ($T2T_HOST_LOST_SECONDS; 30 by default)
 HOST = textwrap.dedent("""
     import dataclasses, os, signal, sys
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={sys.argv[1]}"
