@@ -172,3 +172,30 @@ def test_a_bucket_that_cannot_be_used_is_a_message_and_exit_2(gcs, tmp_path, cap
     assert cli.main(["check", "gs://no-such-bucket/run"]) == 2  # through the emulator
     err = capsys.readouterr().err
     assert "the bucket gs://no-such-bucket does not exist" in err and "Traceback" not in err
+
+
+def test_a_store_failure_the_clients_gave_up_on_is_a_message_not_a_bug(
+    gcs, bucket_dir, tmp_path, train_argv, monkeypatch, capsys
+):
+    """What TensorFlow raises after its 10 retries (minutes of backoff; not waited for here):
+    t2t says the store failed and that nothing reported saved was lost, exit 2."""
+    import tensorflow as tf
+
+    from t2t.runs import train_run
+
+    def store_gives_up(run):
+        raise tf.errors.UnavailableError(
+            None,
+            None,
+            "{{function_node __wrapped__SaveV2_dtypes_2_device_/job:localhost}} All 10 retry "
+            "attempts failed. The last failure: Error executing an HTTP request: HTTP response "
+            f"code 503 when uploading {bucket_dir}/run/checkpoints/3/data_iterator",
+        )
+
+    monkeypatch.setattr(train_run, "_train", store_gives_up)
+    assert cli.main(train_argv(f"{bucket_dir}/run", 3)) == 2
+    err = capsys.readouterr().err
+    assert "t2t train: error: the object store failed: All 10 retry attempts failed." in err
+    assert "Every checkpoint reported saved is intact" in err
+    assert "Traceback" not in err and "bug in t2t" not in err
+    assert files.store_failure(ValueError("a shape mismatch")) is None
