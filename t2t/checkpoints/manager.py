@@ -8,9 +8,12 @@ Each checkpoint is a step directory `<model_dir>/checkpoints/<step>/` holding fo
                  an uninterrupted run would have read
   metadata       JSON: the step, the `TransformerConfig`, and whatever the trainer adds
 
-Orbax writes a step into a temporary directory and renames it into place only when every item is
-complete, so a crash in the middle of a save leaves the earlier checkpoints untouched and the
-half-written one is never mistaken for a checkpoint (it is cleaned up on the next start).
+On a disk Orbax writes a step into a temporary directory and renames it into place only when
+every item is complete; on an object store (gs://), which has no rename, it writes the step in
+place and `commit_success.txt` last, and a step counts only with it. Either way a crash in the
+middle of a save leaves the earlier checkpoints untouched and the half-written one is never
+mistaken for a checkpoint (it is cleaned up on the next start). A save the file system has no
+room for raises `CheckpointWriteError`, saying what is kept.
 Every checkpoint carries checksums of its arrays and data-iterator files (`integrity`), checked
 on every restore: a damaged checkpoint raises `CorruptCheckpointError` naming what differs, and
 `restore()` of the latest step falls back to the newest intact one, saying so.
