@@ -11,6 +11,12 @@ when its task score is at or below the task's constant baseline; an arm's suite 
 seed, the mean of its task scores, then the mean (and std) over seeds; the test is Welch's
 unequal-variance t-test over seeds (two-sided), reported as a p-value; a missing run (not
 finished) is left out and counted.
+
+Units of replication: restarts that fine-tune one pretrained checkpoint are not independent
+samples of an arm (they share the checkpoint), so a test over them compares two checkpoints,
+not two arms. With `units` (arm -> run -> unit, e.g. its pretraining), each unit's runs are
+averaged into one observation and the arms are also tested on those (`suite_by_unit`,
+`p_value_units`); a unit of one run is the run.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-Key = tuple[str, str, int]  # (arm, task, seed)
+Key = tuple[str, str, Any]  # (arm, task, run: its seed, or "pretraining<p>/seed<s>")
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
@@ -58,6 +64,7 @@ def aggregate(
     baseline_arm: str | None = None,
     arms: Sequence[str] | None = None,
     tasks: Sequence[str] | None = None,
+    units: Mapping[str, Mapping[Any, str]] | None = None,
 ) -> dict[str, Any]:
     """The study's table (see the module docstring).
 
@@ -66,11 +73,14 @@ def aggregate(
       baselines: task -> its constant baseline's score.
       baseline_arm: the arm the others are tested against (default: the first).
       arms, tasks: their order (default: first appearance).
+      units: arm -> run -> its unit of replication (default: each run its own).
 
     Returns:
-      {"arms": {arm: {"tasks": {task: spread + degenerate + by_seed (seed -> score)}, "suite":
-      spread of per-seed averages, "suite_by_seed", "p_value": vs the baseline arm on the
-      suite, "p_values": per task}},
+      {"arms": {arm: {"tasks": {task: spread + degenerate + by_seed (run -> score)}, "suite":
+      spread of per-run averages, "suite_by_seed", "p_value": vs the baseline arm on the
+      suite over runs, "p_values": per task, "suite_by_unit": unit -> mean of its runs'
+      suite averages, "unit_suite": their spread, "p_value_units": vs the baseline arm over
+      units}},
       "missing": [keys without a result], "baselines": ...}.
     """
     arms = list(arms or dict.fromkeys(k[0] for k in scores))
@@ -100,6 +110,8 @@ def aggregate(
         per_seed[arm] = {s: float(np.mean([done[(arm, t, s)] for t in tasks])) for s in complete}
         entry["suite"] = spread(list(per_seed[arm].values()))
         entry["suite_by_seed"] = {str(s): v for s, v in per_seed[arm].items()}
+        entry["suite_by_unit"] = unit_means(per_seed[arm], (units or {}).get(arm))
+        entry["unit_suite"] = spread(list(entry["suite_by_unit"].values()))
         result["arms"][arm] = entry
     for arm in arms:
         entry = result["arms"][arm]
@@ -107,6 +119,14 @@ def aggregate(
             None
             if arm == baseline_arm
             else welch_p_value(list(per_seed[arm].values()), list(per_seed[baseline_arm].values()))
+        )
+        entry["p_value_units"] = (
+            None
+            if arm == baseline_arm
+            else welch_p_value(
+                list(entry["suite_by_unit"].values()),
+                list(result["arms"][baseline_arm]["suite_by_unit"].values()),
+            )
         )
         entry["p_values"] = (
             {}
@@ -120,6 +140,17 @@ def aggregate(
             }
         )
     return result
+
+
+def unit_means(
+    by_run: Mapping[Any, float], units: Mapping[Any, str] | None
+) -> dict[str, float]:
+    """unit -> the mean of its runs' values (each run its own unit without `units`)."""
+    grouped: dict[str, list[float]] = {}
+    for run, value in by_run.items():
+        name = str(run) if units is None else str(units.get(run, run))
+        grouped.setdefault(name, []).append(value)
+    return {name: float(np.mean(values)) for name, values in grouped.items()}
 
 
 def ordering(result: Mapping[str, Any]) -> list[str]:

@@ -30,18 +30,20 @@ def describe(grid, unscored, study_dir, search_paths, **options) -> str:
     `options["plan_from"]` (a finished study's study.json) the seeds each paper pair needs.
 
     Args:
-      grid: every (arm, task, seed) of the study.
+      grid: every run (`runner.Cell`) of the study.
       unscored: ((arm name, task), run directory, stages) of each run without a score.
       study_dir: the study's directory (where its own finished stages are timed).
       search_paths: gin search paths of the stages' files.
       options: name, paper, plan_from, plan_arms, plan_timing as `t2t.studies.run` takes them.
     """
-    arms = list(dict.fromkeys(arm["name"] for arm, _, _ in grid))
-    tasks = list(dict.fromkeys(task for _, task, _ in grid))
-    seeds = list(dict.fromkeys(seed for _, _, seed in grid))
+    arms = list(dict.fromkeys(cell.arm["name"] for cell in grid))
+    tasks = list(dict.fromkeys(cell.task for cell in grid))
+    seeds = list(dict.fromkeys(cell.seed for cell in grid))
+    replicas = list(dict.fromkeys(cell.pretraining for cell in grid))
+    pretrainings = "" if replicas == [None] else f" x {len(replicas)} pretrainings"
     lines = [
-        f"{options['name']}: {len(arms)} arms x {len(tasks)} tasks x {len(seeds)} seeds = "
-        f"{len(grid)} runs (shared stages once)."
+        f"{options['name']}: {len(arms)} arms x {len(tasks)} tasks{pretrainings} x "
+        f"{len(seeds)} seeds = {len(grid)} runs (shared stages once)."
     ]
     timing = list(options["plan_timing"]) or [study_dir]
     if not options["plan_timing"] and options["plan_from"]:

@@ -1,6 +1,6 @@
 """`t2t study`: a declared grid of ordinary training runs, resumable, then aggregated.
 
-A study is arms x tasks x seeds. An arm is a chain of stages (`t2t.chain.Stage` fields as dicts;
+A study is arms x tasks x seeds (x pretrainings). An arm is a chain of stages (`t2t.chain.Stage` fields as dicts;
 a one-stage arm is a plain fine-tuning run). The last stage of every arm trains and evaluates
 the task: the study binds its MIXTURE_OR_TASK and EVAL_TASKS, and the seed of every stage. A
 stage whose bindings or files mention `{task}` is made per task; any other (a pretraining stage)
@@ -26,13 +26,14 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import gin
 
 from t2t import chain, files
 from t2t.errors import UserError
 from t2t.studies import aggregate, baselines, report
+from t2t.studies import claims as claims_lib
 from t2t.studies import plan as plan_lib
 
 SCORE_FILE = "score.json"
@@ -43,6 +44,34 @@ _TEACHER_FORCED = ("loss", "z_loss", "token_accuracy", "target_tokens")
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "arm"
+
+
+class Cell(NamedTuple):
+    """One run of a study's grid: an arm's chain for a task and a restart; `pretraining` is
+    None unless the study replicates its pretraining (`run(pretrainings=...)`)."""
+
+    arm: Mapping[str, Any]
+    task: str
+    seed: int
+    pretraining: int | None = None
+
+
+# The seed of restart s of pretraining p: distinct for every run of a replicated study.
+PRETRAINING_SEED_STRIDE = 1000
+
+
+def run_seed(seed: int, pretraining: int | None) -> int:
+    """The seed bound to the last stage of restart `seed` of `pretraining`."""
+    return seed if pretraining is None else PRETRAINING_SEED_STRIDE * pretraining + seed
+
+
+def unit(arm: Mapping[str, Any], seed: int, pretraining: int | None) -> str:
+    """The unit of replication a run belongs to: its pretraining when the arm shares a stage
+    across restarts (`"share": "seeds"` or `"all"`), else the run itself."""
+    shared = any(stage.get("share") in ("seeds", "all") for stage in arm["stages"][:-1])
+    if shared:
+        return f"pretraining{pretraining or 0}"
+    return f"seed{seed}" if pretraining is None else f"pretraining{pretraining}/seed{seed}"
 
 
 STAGE_KEYS = ("name", "gin_files", "bindings", "select", "share")
@@ -69,9 +98,11 @@ def expand(
     common: Sequence[str],
     lengths: Mapping[str, Any] | None,
     corpus: str = "builtin",
+    pretraining: int | None = None,
 ) -> list[chain.Stage]:
     """The arm's stages for one (task, seed): placeholders filled, directories set, the task
-    and seed bound.
+    and seed bound; with `pretraining` p, restart `seed` of the p-th pretraining (module
+    docstring).
 
     A stage is per task when it is the last or mentions `{task}`; otherwise it is trained once
     per seed for the arm, or, with `"share": "study"`, once per seed for every arm that has a
@@ -92,7 +123,9 @@ def expand(
         evaluates = True
     else:
         evaluates = False
-    base = files.join(study_dir, _slug(arm["name"]), f"seed{seed}")
+    replica = "" if pretraining is None else f"pretraining{pretraining}"
+    base = files.join(study_dir, _slug(arm["name"]), replica, f"seed{seed}")
+    seed = run_seed(seed, pretraining)
     stages = []
     for index, spec in enumerate(specs):
         unknown = sorted(set(spec) - set(STAGE_KEYS))
@@ -118,7 +151,7 @@ def expand(
                 f"Arm {arm['name']!r}, stage {spec['name']!r}: share {share!r}; "
                 f"expected one of {SHARES[1:]} or none."
             )
-        stage_seed = 0 if share in ("seeds", "all") else seed
+        stage_seed = (pretraining or 0) if share in ("seeds", "all") else seed
         bindings = [fill(b, stage_seed) for b in [*own, *_flatten(common)]]
         bindings.append(f"t2t.runs.train.seed = {stage_seed}")
         if last:
@@ -132,11 +165,11 @@ def expand(
         if per_task:
             directory = files.join(base, task, spec["name"])
         elif share == "study":
-            directory = files.join(study_dir, "shared", f"seed{seed}", spec["name"])
+            directory = files.join(study_dir, "shared", replica, f"seed{seed}", spec["name"])
         elif share == "seeds":
-            directory = files.join(study_dir, _slug(arm["name"]), spec["name"])
+            directory = files.join(study_dir, _slug(arm["name"]), replica, spec["name"])
         elif share == "all":
-            directory = files.join(study_dir, "shared", spec["name"])
+            directory = files.join(study_dir, "shared", replica, spec["name"])
         else:
             directory = files.join(base, spec["name"])
         stages.append(
@@ -239,6 +272,8 @@ def run(
     tasks: Sequence[str] = gin.REQUIRED,
     seeds: Sequence[int] = (0, 1, 2),
     *,
+    pretrainings: Sequence[int] | None = None,
+    claims: Sequence[str] | None = None,
     name: str = "study",
     corpus: str = "builtin",
     baseline_arm: str | None = None,
@@ -261,7 +296,11 @@ def run(
       arms: [{"name": ..., "stages": [stage dicts]}, ...]; the first is the baseline unless
         `baseline_arm` names another.
       tasks: the tasks each arm is trained and evaluated on.
-      seeds: the restarts.
+      seeds: the restarts (of each pretraining, with `pretrainings`).
+      pretrainings: the seeds of an arm's shared stages, each trained once and fine-tuned
+        with every seed (module docstring); None: one, with seed 0.
+      claims: what the paper claims of these arms, "A > B" each (`t2t.studies.claims`):
+        the report counts them reproduced, contradicted or undecided.
       name: the study's title in its report.
       corpus: fills `{corpus}` in bindings ("builtin" or "c4": `{corpus}_span_corruption`).
       bindings: gin bindings for every stage of every run (placeholders allowed).
@@ -296,7 +335,14 @@ def run(
     arm_names = [a["name"] for a in arms]
     if len(set(arm_names)) != len(arm_names) or not arm_names:
         raise ValueError(f"A study needs arms with distinct names, got {arm_names}.")
-    grid = [(arm, task, int(seed)) for arm in arms for seed in seeds for task in tasks]
+    replicas = _check_pretrainings(pretrainings, arms)
+    grid = [
+        Cell(arm, task, int(seed), replica)
+        for arm in arms
+        for replica in replicas
+        for seed in seeds
+        for task in tasks
+    ]
     if print_commands:
         _print_commands(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
         return None
@@ -319,14 +365,18 @@ def run(
         return None
     if not aggregate_only:
         _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
-    scores = {}
-    for arm, task, seed in grid:
-        score = _read_score(study_dir, arm, task, seed)
+    scores, units = {}, {}
+    for cell in grid:
+        score = _read_score(study_dir, cell)
         if score is None and aggregate_only:  # runs launched one by one (print_commands)
             score = _score_of_commands(
-                study_dir, arm, task, seed, bindings, task_feature_lengths, corpus
+                study_dir, cell, bindings, task_feature_lengths, corpus
             )
-        scores[(arm["name"], task, seed)] = score
+        run_id = restart_id(cell.seed, cell.pretraining)
+        scores[(cell.arm["name"], cell.task, run_id)] = score
+        units.setdefault(cell.arm["name"], {})[run_id] = unit(
+            cell.arm, cell.seed, cell.pretraining
+        )
     task_baselines = _baselines(study_dir, tasks)
     result = aggregate.aggregate(
         scores,
@@ -334,60 +384,94 @@ def run(
         baseline_arm=baseline_arm or arm_names[0],
         arms=arm_names,
         tasks=list(tasks),
+        units=units,
     )
     result["name"] = name
     result["study_dir"] = study_dir
     result["seeds"] = [int(s) for s in seeds]
+    result["pretrainings"] = None if pretrainings is None else [int(p) for p in replicas]
     result["ordering"] = aggregate.ordering(result)
     if paper:
         result["paper"] = report.paper_comparison(result, paper)
+    if claims is not None:
+        result["claims"] = claims_lib.evaluate(claims_lib.parse(claims, arm_names), result)
     report.write(study_dir, result)
     return result
 
 
-def _score_of_commands(study_dir, arm, task, seed, bindings, lengths, corpus) -> float | None:
+def restart_id(seed: int, pretraining: int | None) -> int | str:
+    """A run's name in the aggregation: its seed, or "pretraining<p>/seed<s>"."""
+    return seed if pretraining is None else f"pretraining{pretraining}/seed{seed}"
+
+
+def _check_pretrainings(pretrainings: Any, arms) -> list[int | None]:
+    """The pretraining replicas of the grid ([None]: not replicated); raises UserError unless
+    `pretrainings` is None or a non-empty list of distinct integers."""
+    if pretrainings is None:
+        return [None]
+    if (
+        isinstance(pretrainings, str)
+        or not isinstance(pretrainings, Sequence)
+        or not pretrainings
+        or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in pretrainings)
+        or len(set(pretrainings)) != len(pretrainings)
+    ):
+        raise UserError(
+            "t2t.studies.run.pretrainings must be a non-empty list of distinct integers >= 0 "
+            f"(the pretraining seeds), got {pretrainings!r}."
+        )
+    return [int(p) for p in pretrainings]
+
+
+def _expand(cell: Cell, study_dir, common, lengths, corpus) -> list[chain.Stage]:
+    return expand(
+        cell.arm, cell.task, cell.seed, study_dir, common, lengths, corpus, cell.pretraining
+    )
+
+
+def _score_of_commands(study_dir, cell, bindings, lengths, corpus) -> float | None:
     """The score of a run whose printed commands were run by hand (no score.json)."""
-    if _evaluates(arm):
-        path = files.join(_run_dir(study_dir, arm, task, seed), "eval.json")
+    task = cell.task
+    if _evaluates(cell.arm):
+        path = files.join(_run_dir(study_dir, cell), "eval.json")
         if not files.exists(path):
             return None
         (metrics,) = json.loads(files.read_text(path))["steps"].values()
         values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
         return baselines.task_score(values) if values else None
-    last = expand(arm, task, seed, study_dir, bindings, lengths, corpus)[-1]
+    last = _expand(cell, study_dir, bindings, lengths, corpus)[-1]
     return run_score(last.directory, task)
 
 
-def _run_dir(study_dir: str, arm: Mapping[str, Any], task: str, seed: int) -> str:
-    return files.join(study_dir, _slug(arm["name"]), f"seed{seed}", task)
+def _run_dir(study_dir: str, cell: Cell) -> str:
+    replica = "" if cell.pretraining is None else f"pretraining{cell.pretraining}"
+    return files.join(study_dir, _slug(cell.arm["name"]), replica, f"seed{cell.seed}", cell.task)
 
 
-def _read_score(study_dir, arm, task, seed) -> float | None:
-    path = files.join(_run_dir(study_dir, arm, task, seed), SCORE_FILE)
+def _read_score(study_dir, cell: Cell) -> float | None:
+    path = files.join(_run_dir(study_dir, cell), SCORE_FILE)
     if not files.exists(path):
         return None
     return json.loads(files.read_text(path))["score"]
 
 
 def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
-    todo = [
-        (arm, task, seed)
-        for arm, task, seed in grid
-        if _read_score(study_dir, arm, task, seed) is None
-    ]
+    todo = [cell for cell in grid if _read_score(study_dir, cell) is None]
     done_before = len(grid) - len(todo)
     _validate(todo, study_dir, common, lengths, corpus, search_paths)
     start = time.perf_counter()
-    for index, (arm, task, seed) in enumerate(todo):
+    for index, cell in enumerate(todo):
+        arm, task, seed = cell.arm, cell.task, cell.seed
         elapsed = time.perf_counter() - start
         eta = "" if not index else f", ETA {elapsed / index * (len(todo) - index) / 60:.0f} min"
+        replica = "" if cell.pretraining is None else f"pretraining {cell.pretraining} / "
         print(
             f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
-            f"seed {seed} ({done_before} done before{eta})",
+            f"{replica}seed {seed} ({done_before} done before{eta})",
             flush=True,
         )
-        stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
-        directory = _run_dir(study_dir, arm, task, seed)
+        stages = _expand(cell, study_dir, common, lengths, corpus)
+        directory = _run_dir(study_dir, cell)
         chain.run(directory, stages, search_paths=search_paths)
         if _evaluates(arm):
             score = _evaluate(stages[-1].directory, task, directory, lengths)
@@ -397,6 +481,8 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
             "arm": arm["name"],
             "task": task,
             "seed": seed,
+            "pretraining": cell.pretraining,
+            "run_seed": run_seed(seed, cell.pretraining),
             "score": score,
             "model_dir": stages[-1].directory,
         }
@@ -413,13 +499,14 @@ def _validate(todo, study_dir, common, lengths, corpus, search_paths) -> None:
     gin files, bindings, tasks, sources), once per pair: the seeds only change bindings the
     checks accept for one if they accept them for another."""
     seen = set()
-    for arm, task, seed in todo:
+    for cell in todo:
+        arm, task = cell.arm, cell.task
         if (arm["name"], task) in seen:
             continue
         seen.add((arm["name"], task))
-        stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
+        stages = _expand(cell, study_dir, common, lengths, corpus)
         try:
-            chain.validate(_run_dir(study_dir, arm, task, seed), stages, search_paths=search_paths)
+            chain.validate(_run_dir(study_dir, cell), stages, search_paths=search_paths)
         except UserError as error:
             raise UserError(f"Study arm {arm['name']!r}, task {task!r}: {error}") from None
 
@@ -455,24 +542,25 @@ def _plan(grid, study_dir, common, lengths, corpus, search_paths, **options) -> 
     """What `t2t study --plan` prints (`t2t.studies.plan`)."""
     unscored = [
         (
-            (arm["name"], task),
-            _run_dir(study_dir, arm, task, seed),
-            expand(arm, task, seed, study_dir, common, lengths, corpus),
+            (cell.arm["name"], cell.task),
+            _run_dir(study_dir, cell),
+            _expand(cell, study_dir, common, lengths, corpus),
         )
-        for arm, task, seed in grid
-        if _read_score(study_dir, arm, task, seed) is None
+        for cell in grid
+        if _read_score(study_dir, cell) is None
     ]
     return plan_lib.describe(grid, unscored, study_dir, search_paths, **options)
 
 
 def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> None:
     seen = set()
-    for arm, task, seed in grid:
-        stages = expand(arm, task, seed, study_dir, common, lengths, corpus)
+    for cell in grid:
+        arm, task = cell.arm, cell.task
+        stages = _expand(cell, study_dir, common, lengths, corpus)
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
             chain.run(
-                _run_dir(study_dir, arm, task, seed),
+                _run_dir(study_dir, cell),
                 stages,
                 dry_run=True,
                 search_paths=search_paths,
@@ -480,7 +568,7 @@ def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> N
         lines = [line for line in buffer.getvalue().splitlines() if line.startswith("t2t train")]
         if _evaluates(arm):
             lines.append(
-                _eval_command(stages[-1].directory, task, _run_dir(study_dir, arm, task, seed))
+                _eval_command(stages[-1].directory, task, _run_dir(study_dir, cell))
             )
         for line in lines:
             if line not in seen:
