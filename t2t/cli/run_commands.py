@@ -116,6 +116,12 @@ def add_study(subparsers) -> None:
     )
     parser.add_argument("--seeds", type=ints, help="restarts, e.g. 0,1,2 (default: the file's)")
     parser.add_argument(
+        "--pretrainings",
+        type=ints,
+        help="pretraining seeds, e.g. 0,1,2: each arm's shared stages trained once per seed, "
+        "each fine-tuned with every --seeds restart (default: the file's)",
+    )
+    parser.add_argument(
         "--arms",
         type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
         help="only these arms, comma-separated names (default: all the file's)",
@@ -193,6 +199,8 @@ def add_study(subparsers) -> None:
             overrides["study_dir"] = args.study_dir
         if args.seeds:
             overrides["seeds"] = args.seeds
+        if args.pretrainings:
+            overrides["pretrainings"] = args.pretrainings
         if args.arms:
             overrides["only_arms"] = args.arms
         if args.stage_gin:

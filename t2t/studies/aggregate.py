@@ -142,9 +142,7 @@ def aggregate(
     return result
 
 
-def unit_means(
-    by_run: Mapping[Any, float], units: Mapping[Any, str] | None
-) -> dict[str, float]:
+def unit_means(by_run: Mapping[Any, float], units: Mapping[Any, str] | None) -> dict[str, float]:
     """unit -> the mean of its runs' values (each run its own unit without `units`)."""
     grouped: dict[str, list[float]] = {}
     for run, value in by_run.items():

@@ -79,7 +79,9 @@ def test(claim: Mapping[str, str], result: Mapping[str, Any]) -> dict[str, Any]:
     """One claim against an aggregation: the difference of the arms' means (better minus
     worse, in score points), the units each has, the unit-level and restart-level p."""
     better, worse = (result["arms"][claim[side]] for side in ("better", "worse"))
-    units = [list(arm.get("suite_by_unit", arm["suite_by_seed"]).values()) for arm in (better, worse)]
+    units = [
+        list(arm.get("suite_by_unit", arm["suite_by_seed"]).values()) for arm in (better, worse)
+    ]
     runs = [list(arm["suite_by_seed"].values()) for arm in (better, worse)]
     means = [aggregate.spread(values)["mean"] for values in units]
     testable = all(len(values) >= 2 for values in units)
@@ -132,9 +134,7 @@ def tally(studies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         row["verdict_all"] = verdict(row, p)
     per_study = {
         name: {
-            verdict_name: sum(
-                r["verdict_all"] == verdict_name for r in rows if r["study"] == name
-            )
+            verdict_name: sum(r["verdict_all"] == verdict_name for r in rows if r["study"] == name)
             for verdict_name in VERDICTS
         }
         for name, result in studies.items()
@@ -153,9 +153,11 @@ def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.2g}"
 
 
-def markdown_rows(claims: Sequence[Mapping[str, Any]], holm_key: str, verdict_key: str) -> list[str]:
+def markdown_rows(
+    claims: Sequence[Mapping[str, Any]], holm_key: str, verdict_key: str
+) -> list[str]:
     lines = [
-        "| claim | difference | pretrainings (runs) | p | p over restarts | p (Holm) | verdict |",
+        "| claim | difference | units (runs) | p | p over restarts | p (Holm) | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     for c in claims:
@@ -172,8 +174,8 @@ def tally_markdown(result: Mapping[str, Any]) -> str:
     lines = [
         "# The paper's claims on the built-in benchmark",
         "",
-        f"{len(result['claims'])} claims, {result['tested']} testable at the level of "
-        f"pretrainings; Holm's correction over those {result['tested']}: "
+        f"{len(result['claims'])} claims, {result['tested']} testable over units of "
+        f"replication; Holm's correction over those {result['tested']}: "
         f"**{result['reproduced']} reproduced, {result['contradicted']} contradicted, "
         f"{result['undecided']} undecided** (adjusted p < {SIGNIFICANCE}).",
         "",
@@ -185,7 +187,11 @@ def tally_markdown(result: Mapping[str, Any]) -> str:
             f"| {name} | {row['reproduced']} | {row['contradicted']} | {row['undecided']} |"
         )
     if result["not_counted"]:
-        lines += ["", "Not counted (no claim of the paper): " + ", ".join(result["not_counted"])]
+        lines += [
+            "",
+            "Not counted (their study.json lists no claims: a null study, a superseded run, "
+            "or a run not yet aggregated with its claims): " + ", ".join(result["not_counted"]),
+        ]
     lines += [
         "",
         "p: Welch's t-test over units of replication (each pretraining's mean over its "

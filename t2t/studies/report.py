@@ -10,6 +10,7 @@ from typing import Any
 
 from t2t import files
 from t2t.studies import aggregate
+from t2t.studies import claims as claims_lib
 from t2t.studies import paper as paper_data
 
 # A reproduced ordering counts as significant below this p-value.
@@ -91,31 +92,47 @@ def _cell(stats: Mapping[str, Any]) -> str:
 
 def markdown(result: Mapping[str, Any]) -> str:
     tasks, arms = result["tasks"], result["arms"]
+    replicas = result.get("pretrainings")
+    restarts = f"seeds {result.get('seeds')}" + (
+        f" of each of pretrainings {replicas}" if replicas else ""
+    )
     lines = [
         f"# {result.get('name', 'study')}",
         "",
-        f"Mean ± sample std over seeds {result.get('seeds')} of each task's score (the "
-        "mean of its metrics, best evaluation of the run); suite = per seed the mean over "
-        "tasks. Degenerate: runs at or below the task's constant baseline. p: Welch's "
-        f"t-test of the suite averages against `{result['baseline_arm']}`.",
+        f"Mean ± sample std over the runs ({restarts}) of each task's score (the mean of its "
+        "metrics, best evaluation of the run); suite = per run the mean over tasks. Degenerate: "
+        "runs at or below the task's constant baseline. Units: the arm's units of replication "
+        "(its pretrainings; a run that pretrains for itself is its own unit), their suite "
+        "means' std beside. p: Welch's t-test of the suite averages against "
+        f"`{result['baseline_arm']}` over units (over runs in brackets: restarts of one "
+        "checkpoint compare checkpoints, not arms).",
         "",
-        "| arm | " + " | ".join(tasks) + " | suite | min / max | degenerate | p |",
-        "|---|" + "---|" * (len(tasks) + 4),
+        "| arm | " + " | ".join(tasks) + " | suite | min / max | degenerate | units | p |",
+        "|---|" + "---|" * (len(tasks) + 5),
     ]
     for arm, entry in arms.items():
         cells = [_cell(entry["tasks"][t]) for t in tasks]
         suite = entry["suite"]
         degenerate = sum(entry["tasks"][t]["degenerate"] for t in tasks)
         runs = sum(entry["tasks"][t]["n"] for t in tasks)
-        p = entry.get("p_value")
+        units = entry.get("unit_suite", suite)
+        p, p_units = entry.get("p_value"), entry.get("p_value_units")
+        p_text = (
+            "-"
+            if arm == result["baseline_arm"]
+            else (
+                ("-" if p_units is None else f"{p_units:.3g}")
+                + f" ({'-' if p is None else f'{p:.3g}'})"
+            )
+        )
         lines.append(
             f"| {arm} | "
             + " | ".join(cells)
             + f" | {_cell(suite)} | "
             + (f"{suite['min']:.1f} / {suite['max']:.1f}" if suite["n"] else "-")
-            + f" | {degenerate}/{runs} | "
-            + ("-" if p is None else f"{p:.3g}")
-            + " |"
+            + f" | {degenerate}/{runs} | {units['n']}"
+            + (f" (± {units['std']:.1f})" if units["n"] > 1 else "")
+            + f" | {p_text} |"
         )
     baselines = result["baselines"]
     lines.append(
@@ -124,6 +141,18 @@ def markdown(result: Mapping[str, Any]) -> str:
         + f" | {sum(baselines[t] for t in tasks) / len(tasks):.1f} | | | |"
     )
     lines += ["", "Ordering here (best first): " + " > ".join(result["ordering"])]
+    found = result.get("claims")
+    if found is not None:
+        lines += [
+            "",
+            f"The paper's claims of these arms: {found['reproduced']} reproduced, "
+            f"{found['contradicted']} contradicted, {found['undecided']} undecided (Welch's "
+            "t-test over units, Holm's correction over this study's claims, adjusted p < "
+            f"{claims_lib.SIGNIFICANCE}; undecided where an arm has one unit).",
+            "",
+            *claims_lib.markdown_rows(found["claims"], "p_holm", "verdict"),
+        ]
+    lines.append("")
     comparison = result.get("paper")
     if comparison:
         paper_order = sorted(comparison["values"], key=lambda a: -comparison["values"][a])
@@ -138,9 +167,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines += [
             heading,
             "",
-            f"Pairwise orderings reproduced: {comparison['reproduced']} of "
-            f"{comparison['compared']}, {comparison.get('significant', 0)} of them with "
-            f"p < {SIGNIFICANCE} (Welch's t-test of the two arms' per-seed suite averages).",
+            f"Every pair the paper scores, claimed or not: orderings as the paper's "
+            f"{comparison['reproduced']} of {comparison['compared']}, "
+            f"{comparison.get('significant', 0)} of them with p < {SIGNIFICANCE} over runs "
+            "(uncorrected; the claims above are what counts).",
             "",
             "| pair | paper | here | p | reproduced |",
             "|---|---|---|---|---|",

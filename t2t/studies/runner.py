@@ -65,13 +65,27 @@ def run_seed(seed: int, pretraining: int | None) -> int:
     return seed if pretraining is None else PRETRAINING_SEED_STRIDE * pretraining + seed
 
 
-def unit(arm: Mapping[str, Any], seed: int, pretraining: int | None) -> str:
-    """The unit of replication a run belongs to: its pretraining when the arm shares a stage
-    across restarts (`"share": "seeds"` or `"all"`), else the run itself."""
-    shared = any(stage.get("share") in ("seeds", "all") for stage in arm["stages"][:-1])
-    if shared:
+def unit(
+    arm: Mapping[str, Any], seed: int, pretraining: int | None, common: Sequence[str] = ()
+) -> str:
+    """The unit of replication a run belongs to: its pretraining when the arm has its own
+    stage shared across restarts (`"share": "seeds"`, or `"all"` unless that stage is
+    `common`: one every arm of the study has, trained once for all of them, which every
+    comparison holds fixed), else the run itself."""
+    own = any(
+        stage.get("share") == "seeds"
+        or (stage.get("share") == "all" and stage.get("name") not in common)
+        for stage in arm["stages"][:-1]
+    )
+    if own:
         return f"pretraining{pretraining or 0}"
     return f"seed{seed}" if pretraining is None else f"pretraining{pretraining}/seed{seed}"
+
+
+def common_stages(arms: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Names of the `"share": "all"` stages every arm has: one model all arms start from."""
+    names = [{s.get("name") for s in arm["stages"][:-1] if s.get("share") == "all"} for arm in arms]
+    return sorted(set.intersection(*names)) if names else []
 
 
 STAGE_KEYS = ("name", "gin_files", "bindings", "select", "share")
@@ -327,6 +341,7 @@ def run(
     """
     _check_arms(arms)
     _check_tasks_and_seeds(tasks, seeds)
+    claimed = None if claims is None else claims_lib.parse(claims, [a["name"] for a in arms])
     if only_arms:
         unknown = sorted(set(only_arms) - {a["name"] for a in arms})
         if unknown:
@@ -365,17 +380,18 @@ def run(
         return None
     if not aggregate_only:
         _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
-    scores, units = {}, {}
+    scores, units, common = {}, {}, common_stages(arms)
+    reported = _reported_scores(study_dir) if aggregate_only else {}
     for cell in grid:
+        run_id = restart_id(cell.seed, cell.pretraining)
         score = _read_score(study_dir, cell)
         if score is None and aggregate_only:  # runs launched one by one (print_commands)
-            score = _score_of_commands(
-                study_dir, cell, bindings, task_feature_lengths, corpus
-            )
-        run_id = restart_id(cell.seed, cell.pretraining)
+            score = _score_of_commands(study_dir, cell, bindings, task_feature_lengths, corpus)
+        if score is None:  # a committed study's report, its run directories not kept
+            score = reported.get((cell.arm["name"], cell.task, str(run_id)))
         scores[(cell.arm["name"], cell.task, run_id)] = score
         units.setdefault(cell.arm["name"], {})[run_id] = unit(
-            cell.arm, cell.seed, cell.pretraining
+            cell.arm, cell.seed, cell.pretraining, common
         )
     task_baselines = _baselines(study_dir, tasks)
     result = aggregate.aggregate(
@@ -393,10 +409,29 @@ def run(
     result["ordering"] = aggregate.ordering(result)
     if paper:
         result["paper"] = report.paper_comparison(result, paper)
-    if claims is not None:
-        result["claims"] = claims_lib.evaluate(claims_lib.parse(claims, arm_names), result)
+    if claimed is not None:  # those of the arms run (`only_arms`)
+        chosen = [c for c in claimed if {c["better"], c["worse"]} <= set(arm_names)]
+        result["claims"] = claims_lib.evaluate(chosen, result)
     report.write(study_dir, result)
     return result
+
+
+def _reported_scores(study_dir: str) -> dict[tuple[str, str, str], float]:
+    """(arm, task, run) -> score of the study.json already in `study_dir`: a study committed
+    with its report but not its runs is aggregated again (new analyses, claims) from it."""
+    path = files.join(study_dir, "study.json")
+    if not files.exists(path):
+        return {}
+    reported = json.loads(files.read_text(path))
+    scores = {}
+    for arm, entry in reported.get("arms", {}).items():
+        for task, stats in entry.get("tasks", {}).items():
+            by_run = stats.get("by_seed")
+            if by_run is None and len(entry["tasks"]) == 1:  # reports before by_seed: the
+                by_run = entry.get("suite_by_seed", {})  # suite of one task is its score
+            for run, score in (by_run or {}).items():
+                scores[(arm, task, run)] = score
+    return scores
 
 
 def restart_id(seed: int, pretraining: int | None) -> int | str:
@@ -567,9 +602,7 @@ def _print_commands(grid, study_dir, common, lengths, corpus, search_paths) -> N
             )
         lines = [line for line in buffer.getvalue().splitlines() if line.startswith("t2t train")]
         if _evaluates(arm):
-            lines.append(
-                _eval_command(stages[-1].directory, task, _run_dir(study_dir, cell))
-            )
+            lines.append(_eval_command(stages[-1].directory, task, _run_dir(study_dir, cell)))
         for line in lines:
             if line not in seen:
                 seen.add(line)

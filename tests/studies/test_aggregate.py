@@ -97,7 +97,10 @@ def test_paper_comparison_reads_the_papers_numbers(result):
     want = scipy.stats.ttest_ind([70, 72, 71], [60, 56, 61.5], equal_var=False).pvalue
     assert comparison["pairs"][0]["p_value"] == pytest.approx(want)
     assert want < 0.05 and comparison["significant"] == 1
-    assert "Pairwise orderings reproduced: 1 of 1, 1 of them with p < 0.05" in table
+    assert "orderings as the paper's 1 of 1, 1 of them with p < 0.05 over runs" in table
+    # No unit is shared here (no units given): each run is its own, the two p-values agree.
+    row = "| new | 71.0 ± 1.0 | 47.3 ± 6.4 | 59.2 ± 2.8 | 56.0 / 61.5 | 1/6 | 3 (± 2.8) |"
+    assert f"{row} {want:.3g} ({want:.3g}) |" in table
     assert f"| base vs new | base | base | {want:.3g} | yes |" in table
 
 
