@@ -111,6 +111,9 @@ def aggregate(
         entry["suite"] = spread(list(per_seed[arm].values()))
         entry["suite_by_seed"] = {str(s): v for s, v in per_seed[arm].items()}
         entry["suite_by_unit"] = unit_means(per_seed[arm], (units or {}).get(arm))
+        entry["unit_of_run"] = {
+            str(run): str(((units or {}).get(arm) or {}).get(run, run)) for run in per_seed[arm]
+        }
         entry["unit_suite"] = spread(list(entry["suite_by_unit"].values()))
         result["arms"][arm] = entry
     for arm in arms:

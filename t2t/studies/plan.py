@@ -53,8 +53,112 @@ def describe(grid, unscored, study_dir, search_paths, **options) -> str:
     stages = stages_to_train(unscored, search_paths)
     lines += wall_time_lines(stages, timing, len(unscored))
     if options["plan_from"]:
-        lines += seeds_lines(arms, options["paper"], options["plan_from"], options["plan_arms"])
+        pilot = json.loads(files.read_text(options["plan_from"]))
+        designs = design_lines(arms, grid, pilot, timing, **options)
+        lines += designs or seeds_lines(
+            arms, options["paper"], options["plan_from"], options["plan_arms"]
+        )
     return "\n".join(lines)
+
+
+def _stage_seconds(directories: Iterable[str]) -> dict[str, list[float]]:
+    """Wall seconds of every timed, fully trained stage under `directories`, by stage name."""
+    found: dict[str, list[float]] = {}
+    for top in directories:
+        if not files.isdir(top):
+            continue
+        for name in files.files_under(top):
+            if name.split("/")[-1] != CHAIN_FILE:
+                continue
+            for record in json.loads(files.read_text(files.join(top, name))).get("stages", []):
+                if record.get("seconds") is not None and not record.get("skipped"):
+                    found.setdefault(record["name"], []).append(record["seconds"])
+    return found
+
+
+def design_lines(arms, grid, pilot, timing, **options) -> list[str] | None:
+    """With a pilot that replicated its pretraining (`power.nested_spread`), the cheapest
+    design (pretrainings x restarts per arm) for each claim of the planned study (each pair the
+    paper scores without claims); None when the pilot did not replicate its pretraining."""
+    chosen = options.get("plan_arms") or list(pilot["arms"])
+    unknown = sorted(set(chosen) - set(pilot["arms"]))
+    if unknown:
+        raise ValueError(f"The study has no arms {unknown}; it has {sorted(pilot['arms'])}.")
+    spreads = {a: power.nested_spread(pilot["arms"][a]) for a in chosen}
+    spreads = {a: s for a, s in spreads.items() if s is not None}
+    if not spreads:
+        return None
+    paper = options.get("paper") or {}
+    values = {
+        arm: paper_lib.value(paper["table"], row, paper.get("column", "GLUE"))
+        for arm, row in paper.get("rows", {}).items()
+        if arm in set(arms)
+    }
+    values = {arm: v for arm, v in values.items() if v is not None}
+    claims = options.get("claims")
+    if claims:
+        pairs = [tuple(c.split(" > ")) for c in claims]
+    else:
+        pairs = [(a, b) for i, a in enumerate(values) for b in list(values)[i + 1 :]]
+    widest = {level: max(s[level] for s in spreads.values()) for level in ("between", "within")}
+    first = grid[0].arm["stages"]
+    shared = next((st["name"] for st in first[:-1] if st.get("share") in ("seeds", "all")), None)
+    seconds = _stage_seconds([*timing, pilot.get("study_dir") or ""])
+    tasks = len({cell.task for cell in grid})
+    pretraining = statistics.median(seconds[shared]) if shared in seconds else None
+    restart = (
+        statistics.median(seconds[first[-1]["name"]]) if first[-1]["name"] in seconds else None
+    )
+    costs = (pretraining or 1.0, (restart or 1.0) * tasks)
+    best = max(float(entry["unit_suite"]["mean"]) for entry in pilot["arms"].values())
+    constant = sum(pilot["baselines"].values()) / len(pilot["baselines"])
+    lines = [
+        f"Spreads from {options['plan_from']} (replicated pretraining): "
+        + "; ".join(
+            f"{arm}: between pretrainings {s['between']:.2f}, within {s['within']:.2f} "
+            f"({s['units']} x {s['restarts']:.0f})"
+            for arm, s in spreads.items()
+        )
+        + f". An arm the pilot lacks takes the widest ({widest['between']:.2f}, "
+        f"{widest['within']:.2f}); best unit mean {best:.1f}, constant baseline {constant:.1f}.",
+        "Cost of a pretraining and of one restart on every task: "
+        + (
+            f"{costs[0]:.0f} s and {costs[1]:.0f} s (medians of the timed stages)"
+            if pretraining and restart
+            else "not timed, counted equal"
+        )
+        + ".",
+        "",
+        f"Per {'claim' if claims else 'pair the paper scores'}: the cheapest design whose "
+        f"Welch test over pretrainings reaches power {power.POWER} at p < {power.ALPHA} with "
+        "the better arm ahead (simulated), against the paper's gap carried over:",
+        "",
+        "| arms | paper | gap here | pretrainings x restarts | power | cost per arm |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, b in pairs:
+        if a not in values or b not in values:
+            lines.append(f"| {a} vs {b} | - | - | the paper scores only one: no gap | - | - |")
+            continue
+        gap = power.expected_gap(values[a], values[b], best, constant)
+        design = power.plan_design(
+            gap,
+            spreads.get(a, widest),
+            spreads.get(b, widest),
+            pretraining_cost=costs[0],
+            restart_cost=costs[1],
+        )
+        if design is None:
+            text = "| more than 30 pretrainings | - | - |"
+        else:
+            cost = design["cost"]
+            cost_text = f"{cost / 60:.0f} min" if pretraining and restart else f"{cost:.0f} stages"
+            text = (
+                f"| {design['units']} x {design['restarts']} | {design['power']:.2f} | "
+                f"{cost_text} |"
+            )
+        lines.append(f"| {a} vs {b} | {values[a]:.2f} vs {values[b]:.2f} | {gap:.2f} {text}")
+    return lines
 
 
 def stages_to_train(unscored, search_paths) -> list[tuple[str, str | None, int]]:

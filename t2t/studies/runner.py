@@ -375,6 +375,7 @@ def run(
                 plan_from=plan_from,
                 plan_arms=plan_arms,
                 plan_timing=plan_timing,
+                claims=[c["claim"] for c in claimed or []],
             )
         )
         return None

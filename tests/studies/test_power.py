@@ -195,3 +195,90 @@ def test_plan_estimates_the_wall_time_from_a_timed_study(micro, tmp_path, capsys
     assert "time one run of this study for a closer estimate" in out
     assert "Seeds per arm" not in out  # no finished study given for the spread
     assert not (tmp_path / "s").exists()
+
+
+def test_welchs_power_from_the_noncentral_t_is_too_generous_at_three_seeds():
+    """At 3 seeds per arm the approximation says 0.81 where the test, simulated, has 0.71;
+    at 17 both agree. `seeds_needed` checks its small counts by simulation."""
+    assert power.welch_power(3.1, 1.0, 1.0, 3) == pytest.approx(0.807, abs=0.002)
+    assert power.simulated_power(3.1, 1.0, 1.0, 3) == pytest.approx(0.71, abs=0.01)
+    assert power.simulated_power(3.0, 3.0, 3.0, 17) == pytest.approx(
+        power.welch_power(3.0, 3.0, 3.0, 17), abs=0.01
+    )
+    assert power.seeds_needed(3.1, 1.0, 1.0) == 4  # not the 3 the approximation gives
+
+
+def _nested_arm(units):
+    """A study.json arm entry of these pretrainings' restart scores."""
+    by_run, unit_of = {}, {}
+    for p, values in enumerate(units):
+        for s, value in enumerate(values):
+            by_run[f"pretraining{p}/seed{s}"] = value
+            unit_of[f"pretraining{p}/seed{s}"] = f"pretraining{p}"
+    means = [sum(v) / len(v) for v in units]
+    return {
+        "suite_by_seed": by_run,
+        "unit_of_run": unit_of,
+        "unit_suite": {"n": len(units), "mean": sum(means) / len(means)},
+    }
+
+
+def test_the_spread_between_and_within_pretrainings():
+    # Within: restarts 1 apart in each unit -> pooled variance 0.5 (each pair's 0.5).
+    # Units' means 60.5, 70.5, 80.5 -> variance 100; between = 100 - 0.5 / 2.
+    spread = power.nested_spread(_nested_arm([(60, 61), (70, 71), (80, 81)]))
+    assert spread["within"] == pytest.approx(0.5**0.5)
+    assert spread["between"] == pytest.approx((100 - 0.25) ** 0.5)
+    assert (spread["units"], spread["restarts"]) == (3, 2)
+    assert power.nested_spread(_nested_arm([(60, 61)])) is None  # one pretraining
+    assert power.nested_spread(_nested_arm([(60,), (70,)])) is None  # no restarts to split
+
+
+def test_the_design_buys_pretrainings_when_they_vary_most_and_restarts_when_restarts_do():
+    costs = {"pretraining_cost": 300.0, "restart_cost": 60.0}
+    between = power.plan_design(
+        4.0, {"between": 2.0, "within": 0.5}, {"between": 2.0, "within": 0.5}, **costs
+    )
+    within = power.plan_design(
+        4.0, {"between": 0.3, "within": 4.0}, {"between": 0.3, "within": 4.0}, **costs
+    )
+    assert between["restarts"] == 1 and between["units"] >= 4
+    assert within["restarts"] > 1
+    for design in (between, within):
+        assert design["power"] >= 0.8
+        assert design["cost"] == design["units"] * (300.0 + design["restarts"] * 60.0)
+    assert (
+        power.plan_design(
+            0.1, {"between": 5.0, "within": 5.0}, {"between": 5.0, "within": 5.0}, **costs
+        )
+        is None
+    )
+
+
+def test_plan_from_a_replicated_pilot_prints_a_design_per_claim(micro, tmp_path, capsys):
+    pilot = {
+        "arms": {
+            "x": _nested_arm([(60, 61), (64, 65), (62, 62.5)]),
+            "y": _nested_arm([(50, 52), (51, 51.5), (49, 50)]),
+        },
+        "baselines": {"t": 25.0},
+    }
+    (tmp_path / "pilot.json").write_text(json.dumps(pilot))
+    text = open(micro).read() + 't2t.studies.run.claims = ["pre-trained > no pre-training"]\n'
+    (tmp_path / "claimed.gin").write_text(text)
+    argv = ["study", f"--gin_file={tmp_path / 'claimed.gin'}", f"--study_dir={tmp_path / 's'}"]
+    assert cli.main([*argv, f"--plan={tmp_path / 'pilot.json'}"]) == 0
+    out = capsys.readouterr().out
+    assert "(replicated pretraining)" in out and "x: between pretrainings" in out
+    widest_between = max(power.nested_spread(a)["between"] for a in pilot["arms"].values())
+    assert f"takes the widest ({widest_between:.2f}," in out
+    best = (60.5 + 64.5 + 62.25) / 3  # the best arm's mean over its pretrainings
+    gap = power.expected_gap(83.28, 66.22, best, 25.0)
+    row = next(line for line in out.splitlines() if line.startswith("| pre-trained vs"))
+    assert f"| 83.28 vs 66.22 | {gap:.2f} |" in row
+    # Neither arm is in the pilot: both take its widest spreads; nothing timed: stages counted.
+    spreads = [power.nested_spread(a) for a in pilot["arms"].values()]
+    widest = {level: max(s[level] for s in spreads) for level in ("between", "within")}
+    design = power.plan_design(gap, widest, widest, pretraining_cost=1.0, restart_cost=1.0)
+    assert f"| {design['units']} x {design['restarts']} | {design['power']:.2f} |" in row
+    assert row.endswith(f"| {design['cost']:.0f} stages |")
