@@ -183,10 +183,33 @@ def test_wsc_simple_marks_the_nearest_pronoun_when_the_index_is_off():
     outputs = [
         ex["inputs"].decode() for ex in preprocessors.wsc_simple(records).as_numpy_iterator()
     ]
+    # As the t5 package writes its two such records by hand (their full texts are among the
+    # goldens): the pronoun's punctuation set apart, no trailing space.
     assert outputs == [
         "wsc: Some day they might want to use *it* , really.",
-        'wsc: "Good for *him*," he said.',
+        'wsc: "Good for *him* ," he said.',
     ]
+
+
+def test_wsc_simple_marks_only_the_pronoun_where_the_t5_package_marks_every_x():
+    """The t5 package blanks the pronoun to "X" and replaces every " X " of the text, so a text
+    with the word X gets the pronoun there too ("Mr. *he* told Bob that *he* would win *he*
+    prizes", run with t5 0.9.4); t2t marks the pronoun only."""
+    records = _records(
+        [
+            {
+                "text": "Mr. X told Bob that he would win X prizes",
+                "span1_index": 3,
+                "span1_text": "Bob",
+                "span2_index": 5,
+                "span2_text": "he",
+                "label": 0,
+                "idx": 0,
+            }
+        ]
+    )
+    (example,) = preprocessors.wsc_simple(records).as_numpy_iterator()
+    assert example["inputs"].decode() == "wsc: Mr. X told Bob that *he* would win X prizes"
 
 
 def test_unknown_tfds_name_lists_known_formats():

@@ -293,6 +293,50 @@ WSC_RECORDS = [
         "label": 1,
         "idx": 2,
     },
+    # The t5 package's two hand-written cases (the exact texts of super_glue/wsc.fixed): a
+    # pronoun with punctuation attached, and a span2_index pointing at the word before it.
+    {
+        "text": "The boy continued to whip the pony , and eventually the pony threw him over. "
+        'John laughed out quite loud. "Good for him," he said. ',
+        "span1_index": 15,
+        "span1_text": "John",
+        "span2_index": 22,
+        "span2_text": "him",
+        "label": 1,
+        "idx": 3,
+    },
+    {
+        "text": "When they had eventually calmed down a bit , and had gotten home, Mr. Farley put "
+        "the magic pebble in an iron safe . Some day they might want to use it , but really for "
+        "now, what more could they wish for?",
+        "span1_index": 16,
+        "span1_text": "the magic pebble",
+        "span2_index": 30,
+        "span2_text": "it",
+        "label": 1,
+        "idx": 4,
+    },
+    # The pronoun as the last word (a space after it in the t5 package's output), and before
+    # punctuation set apart by a space.
+    {
+        "text": "Tom gave Ralph a lift to school so Ralph wouldn't have to walk . Ralph thanked him",
+        "span1_index": 0,
+        "span1_text": "Tom",
+        "span2_index": 16,
+        "span2_text": "him",
+        "label": 1,
+        "idx": 5,
+    },
+    {
+        "text": "Anna did a lot better than her good friend Lucy on the test because she had studied "
+        "so hard .",
+        "span1_index": 0,
+        "span1_text": "Anna",
+        "span2_index": 14,
+        "span2_text": "she",
+        "label": 1,
+        "idx": 6,
+    },
 ]
 
 DPR_RECORDS = [
