@@ -1,7 +1,7 @@
 """The import contracts of docs/architecture.md are enforced: `lint-imports` passes on the code and
 fails on deliberate violations (a copy of the packages where the network imports the edge, or
-gin); and the network, loss, optimizer and model wrappers import without gin, seqio or
-TensorFlow, as on a bare accelerator machine."""
+gin, or one of its modules imports one above it); and the network, loss, optimizer and model
+wrappers import without gin, seqio or TensorFlow, as on a bare accelerator machine."""
 
 import os
 import shutil
@@ -24,6 +24,12 @@ LINT_IMPORTS = os.path.join(os.path.dirname(sys.executable), "lint-imports")
             "network, loss, optimizer and decoding free of gin, seqio and TensorFlow BROKEN",
             "t2t.nn.masks -> gin",
         ),
+        # A circle inside the network (layers.py and attention_ops.py had one until issue 53).
+        (
+            "from t2t.nn import attention_ops",
+            "t2t.nn modules in layers BROKEN",
+            "t2t.nn.masks is not allowed to import t2t.nn.attention_ops",
+        ),
     ],
 )
 def test_a_violation_breaks_its_contract(tmp_path, violation, broken_contract, message):
@@ -42,7 +48,7 @@ def test_a_violation_breaks_its_contract(tmp_path, violation, broken_contract, m
         )
 
     kept = lint()
-    assert kept.returncode == 0 and "Contracts: 3 kept, 0 broken." in kept.stdout, kept.stdout
+    assert kept.returncode == 0 and "Contracts: 4 kept, 0 broken." in kept.stdout, kept.stdout
     with open(tmp_path / "t2t" / "nn" / "masks.py", "a") as f:
         f.write(f"\n{violation}  # noqa: E402,F401\n")
     broken = lint()

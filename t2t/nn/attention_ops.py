@@ -45,7 +45,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from t2t.nn import axes, layers, masks
 from t2t.nn.config import ATTENTION_IMPLS as IMPLEMENTATIONS
-from t2t.nn.sharding import current_spec
+from t2t.nn.sharding import current_platform, current_spec
 
 # NOTE: a large finite negative number, not -inf: a query that may see no key (a padding
 # query) then gets a uniform softmax instead of NaNs, as with the additive -1e10 of old.
@@ -66,15 +66,6 @@ _FLASH_BLOCK = 128
 # trust without a TPU's timing; from 1024 on it is shorter by a margin the kernels' unmodeled
 # efficiency would not take back.
 FLASH_AUTO_MIN_LENGTH = 1024
-
-
-def current_platform() -> str:
-    """The platform the program being traced is for: the current mesh's devices (which may be
-    a TPU slice described to the compiler, `t2t compile`), else JAX's default backend."""
-    mesh = jax.sharding.get_abstract_mesh()
-    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-    platform = getattr(device, "platform", None)
-    return platform or jax.default_backend()
 
 
 def cudnn_unsupported(

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from t2t.nn import axes
+from t2t.nn import axes, norm_kernels
 from t2t.nn.config import TransformerConfig
-from t2t.nn.sharding import constrain
+from t2t.nn.sharding import constrain, current_platform
 
 Initializer = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 
@@ -329,9 +329,7 @@ class RMSNorm(nnx.Module):
         kernel each way (`t2t.nn.norm_kernels`)."""
         same_dtype = delta is None or delta.dtype == x.dtype  # else XLA's promotion
         if self.impl == "pallas" and same_dtype and jax.sharding.get_abstract_mesh().size <= 1:
-            from t2t.nn import attention_ops, norm_kernels
-
-            interpret = attention_ops.current_platform() not in ("gpu", "cuda")
+            interpret = current_platform() not in ("gpu", "cuda")
             fixed = (self.epsilon, jnp.dtype(self.dtype), interpret)
             if delta is None:
                 return norm_kernels.rms_norm_residual(x, self.scale[...], *fixed)

@@ -5,6 +5,8 @@ The network calls `constrain(x, names)` at the points where the layout of an act
 and output, MLP hidden units, logits, the decoding cache). The rules table and the mesh come from
 the context `t2t.partitioning.Partitioner.context()` sets up; the network never names a mesh axis.
 Outside such a context (one device, tests, notebooks) `constrain` returns its input unchanged.
+The same mesh says which platform the traced program is for (`current_platform`), which the
+attention implementations and the fused norm kernels choose by.
 
 Without these constraints XLA's sharding propagation guesses each activation's layout from the
 parameters around it, and under FSDP (parameters split over `data` along `embed`) it may split an
@@ -65,3 +67,12 @@ def current_spec(names: Sequence[str | None], shape: Sequence[int]) -> Partition
             target = None
         spec.append(target)
     return PartitionSpec(*spec)
+
+
+def current_platform() -> str:
+    """The platform the program being traced is for: the current mesh's devices (which may be
+    a TPU slice described to the compiler, `t2t compile`), else JAX's default backend."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    platform = getattr(device, "platform", None)
+    return platform or jax.default_backend()
