@@ -471,7 +471,8 @@ def estimate(
 
     Returns:
       {"step_seconds", "matmul_seconds", "matmul_memory_seconds", "attention_seconds",
-      "other_seconds", "bound",
+      "other_seconds", "other_kernels" (how many non-matmul kernels run), "bound",
+      "matmul_flops", "attention_flops" (the inputs, echoed),
       "matmul_bytes", "other_bytes", "hbm_bytes", "collective_bytes", "collective_count",
       "largest_memory_bound": [{"source", "bytes", "seconds", "kernels"}...], "rates",
       "not_modeled": [...]}.

@@ -7,7 +7,8 @@ calling library code:
 - `evaluate` (`t2t eval`): seqio evaluation of one, some or all checkpoints of a model
   directory, and the best checkpoint per task (`t2t.evaluation`);
 - `seqio_evaluator`: the same evaluation as a factory `factory(model=..., partitioner=...)` the
-  trainer calls every `eval_every` steps (`train.evaluators = [@t2t.runs.seqio_evaluator]`);
+  trainer calls every `EvalOptions.every` steps (`t2t.runs.EvalOptions.evaluators =
+  [@t2t.runs.seqio_evaluator]`);
 - `infer` (`t2t infer`): predict or score a file or task, single model or ensemble
   (`t2t.inference`);
 - `export` (`t2t export`): a HF-format release directory (`t2t.release`);

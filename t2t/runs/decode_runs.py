@@ -136,7 +136,7 @@ def seqio_evaluator(
 ):
     """The trainer's decoding evaluator: `evaluator(params, step) -> {"task/metric": value}`.
 
-    Bind `train.evaluators = [@t2t.runs.seqio_evaluator]` and its `tasks` (and `model_dir =
+    Bind `t2t.runs.EvalOptions.evaluators = [@t2t.runs.seqio_evaluator]` and its `tasks` (and `model_dir =
     %MODEL_DIR` for TensorBoard summaries under `<model_dir>/eval`). `rank_classification =
     True` (or a list of tasks) scores each label instead of decoding.
     """

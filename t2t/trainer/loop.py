@@ -10,10 +10,10 @@ directory. It
 - dispatches jitted train steps without waiting for them, and fetches their metrics every
   `log_every` steps (and before every evaluation and checkpoint) to write TensorBoard scalars,
   update the progress bar and check that every quantity is finite;
-- evaluates every `eval_every` steps: teacher-forced loss and token accuracy on each eval set,
-  then each evaluator callable `evaluator(params, step) -> {name: value}`;
-- saves a checkpoint every `checkpoint_every` steps and at the end (keeping the last K and the
-  best per tracked metric), says "checkpoint saved" only once Orbax has committed it, and
+- evaluates every `EvalOptions.every` steps: teacher-forced loss and token accuracy on each
+  eval set, then each evaluator callable `evaluator(params, step) -> {name: value}`;
+- saves a checkpoint every `CheckpointOptions.every` steps and at the end (keeping the last K and
+  the best per tracked metric), says "checkpoint saved" only once Orbax has committed it, and
   redraws `loss_curve.png`;
 - on SIGTERM (how a preempted Cloud TPU VM or a scheduler stops a job) or SIGINT (Ctrl-C) saves
   a checkpoint at the next step boundary, waits for it to commit and raises `Preempted` (the

@@ -8,10 +8,11 @@ Ratios (token accuracy, loss per token, mean z-loss) are derived on the host by
 `train_scalars` / `eval_scalars` from fetched sums, so a window of steps or a whole eval set
 combines exactly.
 
-`jit_train_step` / `jit_eval_step` give every input and output its sharding: parameters and
-optimizer statistics as the partitioner's rules say, batches split over the data axis, the RNG
-key, the step and the metrics replicated. Parameters and optimizer state are donated, so a step
-updates them in place.
+`jit_train_step` gives every input and output its sharding: parameters and optimizer statistics
+as the partitioner's rules say, batches split over the data axis, the RNG key, the step and the
+metrics replicated. Parameters and optimizer state are donated, so a step updates them in place.
+The eval step is jitted as it is (`Trainer`): its arguments arrive already sharded, the
+parameters from the train step and the batch from the input pipeline.
 """
 
 from __future__ import annotations
@@ -145,20 +146,6 @@ def jit_train_step(
         ),
         out_shardings=(params_sharding, opt_sharding, replicated),
         donate_argnums=(0, 1),
-    )
-
-
-def jit_eval_step(
-    eval_step: Callable,
-    partitioner: Partitioner,
-    abstract_params: Any,
-    batch_spec: Mapping[str, Any],
-) -> Callable:
-    """`eval_step` under `jax.jit` with the parameters' shardings and a split batch."""
-    return jax.jit(
-        eval_step,
-        in_shardings=(shardings_of(abstract_params), partitioner.batch_shardings(batch_spec)),
-        out_shardings=partitioner.replicated,
     )
 
 
