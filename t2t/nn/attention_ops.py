@@ -196,7 +196,7 @@ def _flash_pays(lengths, dropout, per_row_bias, prefix_or_dense) -> bool:
     return reason is None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Site:
     """One attention call of a network, as the implementations see it.
 
@@ -220,11 +220,16 @@ def sites(config, lengths: tuple[int, int] | None = None) -> dict[str, Site]:
     if config.is_decoder_only:
         total = None if lengths is None else (inputs + targets, inputs + targets)
         prefix = config.architecture == "prefix_lm"
-        return {"decoder self-attention": Site(True, total, True, prefix)}
+        site = Site(causal=True, lengths=total, biased=True, prefix=prefix)
+        return {"decoder self-attention": site}
     return {
-        "encoder self-attention": Site(False, lengths and (inputs, inputs), True),
-        "decoder self-attention": Site(True, lengths and (targets, targets), True),
-        "cross-attention": Site(False, lengths and (targets, inputs), False),
+        "encoder self-attention": Site(
+            causal=False, lengths=lengths and (inputs, inputs), biased=True
+        ),
+        "decoder self-attention": Site(
+            causal=True, lengths=lengths and (targets, targets), biased=True
+        ),
+        "cross-attention": Site(causal=False, lengths=lengths and (targets, inputs), biased=False),
     }
 
 
