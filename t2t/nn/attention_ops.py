@@ -21,14 +21,11 @@ each implementation combines them the way its kernel wants.
   (not a multiple of 8), JAX's (`jax.experimental.pallas.ops.tpu.flash_attention`), whose bias
   operand is [B, N, L, S], get the bias broadcast over the rows inside each device's shard.
 - `auto`: per call site, from the platform the program is compiled for. TPUs: `flash` where
-  the keys are 1024 or more long and its blocks tile the lengths, `xla` elsewhere (compiled for
-  v5e, flash's estimated step is 6.4% shorter at 512 tokens, too little to stake the default
-  on for kernels no TPU has timed, and 22-45% shorter from 1024 on). GPUs: `cudnn`
-  where the attention is not causal (the encoder's self-attention with its bias and the
-  cross-attention), `xla` for the causal decoder. Measured on an H100 at T5.1.1-base's shapes,
-  batch 128, forward + backward of one site (`benchmarks/gpu_train_step_bench.py`, job
-  `sites`): encoder 2.70 ms on cuDNN vs 5.63 on XLA, cross-attention 1.04 vs 1.56, the
-  114-token causal decoder 0.86 vs 0.72. CPUs: `xla`. `describe` says what `auto` picks.
+  the keys are 1024 or more long and its blocks tile the lengths, `xla` elsewhere. GPUs:
+  `cudnn` where the attention is not causal (the encoder's self-attention with its bias and
+  the cross-attention), `xla` for the causal decoder. CPUs: `xla`. The measurements behind
+  these choices are in docs/model.md (each GPU site timed on an H100) and docs/pod_scale.md
+  (TPU steps compiled for v5e). `describe` says what `auto` picks.
 
 NOTE: T5 does not scale the logits by 1/sqrt(H) (the factor is in the query initializer), so
 every implementation is called with scale 1.
@@ -331,15 +328,10 @@ def attention(
 
 
 def row_sums_for(remat_policy: str) -> str:
-    """`attention`'s `row_sums` for a layer rematerialized with `remat_policy`.
-
-    Compiled for TPUs (T5.1.1, bfloat16, scanned layers; `benchmarks/tpu_attention_compile.py`,
-    docs/pod_scale.md), the outputs' row sums shorten the estimated step by 7.5% with 1.5% less
-    memory where the projections are kept and attention recomputed (`dots_with_no_batch_dims`);
-    with full rematerialization by 4% but for 7% more memory per chip (XLA holds more arrays at
-    once while it recomputes the layer), and without any they add 7% (the outputs are kept for
-    the backward pass as well). Elsewhere they come from the probabilities.
-    """
+    """`attention`'s `row_sums` for a layer rematerialized with `remat_policy`: the outputs'
+    where the projections are kept and attention is recomputed (`dots_with_no_batch_dims`), the
+    probabilities' elsewhere. Why, compiled for TPUs: docs/pod_scale.md, "The softmax
+    gradient's row sums"."""
     return "outputs" if remat_policy in _OUTPUT_ROWS_POLICIES else "probabilities"
 
 
