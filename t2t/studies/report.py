@@ -200,8 +200,9 @@ def plot(result: Mapping[str, Any], path: str) -> None:
 
 
 def figure(result: Mapping[str, Any]):
-    """Suite averages per arm and each task's, as bars (mean ± std over seeds) with each seed's
-    score as a dot, so degenerate restarts show; the constant baseline as a dashed line."""
+    """Suite averages per arm and each task's, as bars (mean ± std over runs) with each run's
+    score as a dot, so degenerate restarts show, the restarts of one pretraining in one color;
+    the constant baseline as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,11 +228,17 @@ def figure(result: Mapping[str, Any]):
         stds = [s["std"] if s["n"] else 0.0 for s in stats]
         positions = np.arange(len(arms))
         ax.bar(positions, means, yerr=stds, capsize=3, color="#4c72b0", alpha=0.6)
-        for position, by_seed in zip(positions, seeds):
+        for position, by_seed, entry in zip(positions, seeds, entries):
             values = list(by_seed.values())
             if values:  # spread sideways so equal scores stay countable
                 offsets = np.linspace(-0.25, 0.25, len(values)) if len(values) > 1 else [0.0]
-                ax.scatter(position + np.asarray(offsets), values, s=9, color="black", zorder=3)
+                ax.scatter(
+                    position + np.asarray(offsets),
+                    values,
+                    s=9,
+                    color=_unit_colors(by_seed, entry.get("unit_of_run", {})),
+                    zorder=3,
+                )
         ax.axhline(base, color="#c44e52", linestyle="--", linewidth=1, label="constant")
         ax.set_title(panel, fontsize=9)
         ax.set_xticks(positions, arms, rotation=35, ha="right", fontsize=7)
@@ -242,6 +249,19 @@ def figure(result: Mapping[str, Any]):
     fig.suptitle(result.get("name", "study"), fontsize=10)
     fig.tight_layout()
     return fig
+
+
+_UNIT_COLORS = ("black", "#dd8452", "#55a868", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
+
+
+def _unit_colors(by_run: Mapping[str, Any], unit_of_run: Mapping[str, str]) -> list[str]:
+    """One color per unit of replication (a pretraining's restarts alike), black when each run
+    is its own unit."""
+    units = [unit_of_run.get(run, run) for run in by_run]
+    if len(set(units)) == len(units):
+        return ["black"] * len(units)
+    order = list(dict.fromkeys(units))
+    return [_UNIT_COLORS[order.index(u) % len(_UNIT_COLORS)] for u in units]
 
 
 def write(study_dir: str, result: Mapping[str, Any]) -> None:
