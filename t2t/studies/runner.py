@@ -1,7 +1,7 @@
 """`t2t study`: a declared grid of ordinary training runs, resumable, then aggregated.
 
-A study is arms x tasks x seeds (x pretrainings). An arm is a chain of stages (`t2t.chain.Stage` fields as dicts;
-a one-stage arm is a plain fine-tuning run). The last stage of every arm trains and evaluates
+A study is arms x tasks x seeds (x pretrainings). An arm is a chain of stages (`t2t.chain.Stage`
+fields as dicts; a one-stage arm is a plain fine-tuning run). The last stage of every arm trains and evaluates
 the task: the study binds its MIXTURE_OR_TASK and EVAL_TASKS, and the seed of every stage. A
 stage whose bindings or files mention `{task}` is made per task; any other (a pretraining stage)
 is shared by the arm's tasks for a seed and trained once. Placeholders `{task}` and `{seed}` are
@@ -138,8 +138,9 @@ def expand(
     else:
         evaluates = False
     replica = "" if pretraining is None else f"pretraining{pretraining}"
-    base = files.join(study_dir, _slug(arm["name"]), replica, f"seed{seed}")
-    seed = run_seed(seed, pretraining)
+    restart = seed  # the directories name the restart; the bound seed is the run's own
+    base = files.join(study_dir, _slug(arm["name"]), replica, f"seed{restart}")
+    seed = run_seed(restart, pretraining)
     stages = []
     for index, spec in enumerate(specs):
         unknown = sorted(set(spec) - set(STAGE_KEYS))
@@ -179,7 +180,7 @@ def expand(
         if per_task:
             directory = files.join(base, task, spec["name"])
         elif share == "study":
-            directory = files.join(study_dir, "shared", replica, f"seed{seed}", spec["name"])
+            directory = files.join(study_dir, "shared", replica, f"seed{restart}", spec["name"])
         elif share == "seeds":
             directory = files.join(study_dir, _slug(arm["name"]), replica, spec["name"])
         elif share == "all":
@@ -350,7 +351,7 @@ def run(
     arm_names = [a["name"] for a in arms]
     if len(set(arm_names)) != len(arm_names) or not arm_names:
         raise ValueError(f"A study needs arms with distinct names, got {arm_names}.")
-    replicas = _check_pretrainings(pretrainings, arms)
+    replicas = _check_pretrainings(pretrainings)
     grid = [
         Cell(arm, task, int(seed), replica)
         for arm in arms
@@ -419,7 +420,8 @@ def run(
 
 def _reported_scores(study_dir: str) -> dict[tuple[str, str, str], float]:
     """(arm, task, run) -> score of the study.json already in `study_dir`: a study committed
-    with its report but not its runs is aggregated again (new analyses, claims) from it."""
+    with its report but not its runs is aggregated again (new analyses, claims) from it. Only
+    runs without a score of their own (no run directory) take these."""
     path = files.join(study_dir, "study.json")
     if not files.exists(path):
         return {}
@@ -440,7 +442,7 @@ def restart_id(seed: int, pretraining: int | None) -> int | str:
     return seed if pretraining is None else f"pretraining{pretraining}/seed{seed}"
 
 
-def _check_pretrainings(pretrainings: Any, arms) -> list[int | None]:
+def _check_pretrainings(pretrainings: Any) -> list[int | None]:
     """The pretraining replicas of the grid ([None]: not replicated); raises UserError unless
     `pretrainings` is None or a non-empty list of distinct integers."""
     if pretrainings is None:
