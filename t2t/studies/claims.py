@@ -121,32 +121,34 @@ def tally(studies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
     Args:
       studies: name -> its study.json (with "claims", from `evaluate`); a study without claims
-        (a null study, or one the paper makes no claim of) is listed and not counted.
+        (a null study, a pilot, or one the paper makes no claim of) is listed and not counted.
     """
     rows = [
-        {**claim, "study": name}
-        for name, result in studies.items()
-        for claim in (result.get("claims") or {}).get("claims", [])
+        {**claim, "study": name} for name, result in studies.items() for claim in _claims_of(result)
     ]
     adjusted = holm([row["p_value"] for row in rows])
     for row, p in zip(rows, adjusted):
         row["p_holm_all"] = p
         row["verdict_all"] = verdict(row, p)
+    counted = [name for name, result in studies.items() if _claims_of(result)]
     per_study = {
         name: {
             verdict_name: sum(r["verdict_all"] == verdict_name for r in rows if r["study"] == name)
             for verdict_name in VERDICTS
         }
-        for name, result in studies.items()
-        if result.get("claims")
+        for name in counted
     }
     return {
         "claims": rows,
         "tested": sum(row["p_value"] is not None for row in rows),
         "per_study": per_study,
-        "not_counted": [name for name, result in studies.items() if not result.get("claims")],
+        "not_counted": [name for name in studies if name not in counted],
         **{name: sum(r["verdict_all"] == name for r in rows) for name in VERDICTS},
     }
+
+
+def _claims_of(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list((result.get("claims") or {}).get("claims", []))
 
 
 def _p(value: float | None) -> str:

@@ -198,6 +198,8 @@ def test_the_tally_corrects_over_every_studys_claims_and_leaves_out_null_studies
         result["claims"] = claims.evaluate(claims.parse(["a > b"], ["a", "b"]), result)
         studies[name] = result
     studies["null"] = _study([1.0, 2.0], [1.0, 2.0])  # no claims: listed, not counted
+    studies["pilot"] = _study([1.0, 2.0], [1.0, 2.0])  # arms no claim is about: the same
+    studies["pilot"]["claims"] = claims.evaluate([], studies["pilot"])
     p = [studies[name]["claims"]["claims"][0]["p_value"] for name in ("strong", "weak", "weaker")]
     assert p[0] < 0.001 and 0.025 < p[2] < p[1] < 0.05  # each significant alone
     assert all(studies[n]["claims"]["reproduced"] == 1 for n in ("strong", "weak", "weaker"))
@@ -208,6 +210,6 @@ def test_the_tally_corrects_over_every_studys_claims_and_leaves_out_null_studies
     )
     assert (found["reproduced"], found["undecided"], found["tested"]) == (1, 2, 3)
     assert found["per_study"]["weak"] == {"reproduced": 0, "contradicted": 0, "undecided": 1}
-    assert found["not_counted"] == ["null"]
+    assert found["not_counted"] == ["null", "pilot"]
     text = claims.tally_markdown(found)
     assert "1 reproduced, 0 contradicted, 2 undecided" in text and "lists no claims" in text
