@@ -191,8 +191,8 @@ def tally_markdown(result: Mapping[str, Any]) -> str:
     if result["not_counted"]:
         lines += [
             "",
-            "Not counted (their study.json lists no claims: a null study, a superseded run, "
-            "or a run not yet aggregated with its claims): " + ", ".join(result["not_counted"]),
+            "Not counted (their study.json lists no claims: a null study, a superseded run, a "
+            "pilot, or a run not yet aggregated with its claims): " + ", ".join(result["not_counted"]),
         ]
     lines += [
         "",
