@@ -192,7 +192,8 @@ def tally_markdown(result: Mapping[str, Any]) -> str:
         lines += [
             "",
             "Not counted (their study.json lists no claims: a null study, a superseded run, a "
-            "pilot, or a run not yet aggregated with its claims): " + ", ".join(result["not_counted"]),
+            "pilot, or a run not yet aggregated with its claims): "
+            + ", ".join(result["not_counted"]),
         ]
     lines += [
         "",
