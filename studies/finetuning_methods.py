@@ -83,7 +83,7 @@ def run_method(name: str, demo: str, steps: int, out_dir: str) -> dict:
         f"t2t.runs.EvalOptions.every={half}",
         f"t2t.runs.CheckpointOptions.every={half}",
         "t2t.runs.EvalOptions.num_predictions=0",
-        "t2t.runs.train.progress=False",
+        "t2t.runs.LoopOptions.progress=False",
         *[b.format(half=half).replace(" = ", "=") for b in bindings],
     ]
     command += [f"--gin.{flag}" for flag in flags]

@@ -80,6 +80,11 @@ def test_a_misspelt_macro_binding_is_refused_with_a_suggestion():
         _parse(
             ["experiments/tiny_builtin_demo.gin"], ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEP = 10"]
         )
+    with pytest.raises(ValueError, match=r"Did you mean TRAIN_STEPS\?"):  # bound as well
+        _parse(
+            ["experiments/tiny_builtin_demo.gin"],
+            ["MODEL_DIR = '/tmp/unused'", "TRAIN_STEPS = 10", "TRAIN_STEP = 10"],
+        )
     # Bound macros that the files use (directly, or through another macro) are accepted.
     _parse(
         ["experiments/tiny_builtin_demo.gin"],
@@ -122,6 +127,7 @@ def test_a_misspelt_parameter_binding_is_refused_with_a_suggestion():
         ("checkpoint_every", "t2t.runs.CheckpointOptions.every"),
         ("eval_tasks", "t2t.runs.EvalOptions.tasks"),
         ("max_train_examples", "t2t.runs.DataOptions.max_examples"),
+        ("log_every", "t2t.runs.LoopOptions.log_every"),
     ],
 )
 def test_an_option_bound_by_its_former_name_says_where_it_went(old, new):

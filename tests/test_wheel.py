@@ -94,7 +94,7 @@ def test_wheel_installs_and_trains_with_a_shipped_gin_file(tmp_path, builtin_cor
             "--gin_file=gin/experiments/tiny_builtin_demo.gin",
             f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
             "--gin.TRAIN_STEPS=2",
-            "--gin.t2t.runs.train.progress=False",
+            "--gin.t2t.runs.LoopOptions.progress=False",
         ],
         cwd=tmp_path,
         env=env,

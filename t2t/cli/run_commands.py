@@ -66,7 +66,7 @@ def add_chain(subparsers) -> None:
         default=[],
         metavar="BINDING",
         help="a gin binding added to every stage, e.g. --stage_gin="
-        '"t2t.runs.train.progress = False" (repeatable)',
+        '"t2t.runs.LoopOptions.progress = False" (repeatable)',
     )
     parser.add_argument(
         "--dry_run", action="store_true", help="print each stage's t2t train command; train nothing"

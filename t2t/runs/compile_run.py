@@ -12,20 +12,22 @@ import gin
 from t2t import files
 from t2t.runs.helpers import resolve_model_config
 from t2t.runs.train_run import train
-from t2t.trainer.options import DataOptions
+from t2t.trainer.options import DataOptions, LoopOptions
 
-# The arguments of `train`, and the fields of its data options, that decide its programs.
+# The arguments of `train`, and the fields of its option groups, that decide its programs.
 _TRAIN_PROGRAM_ARGS = (
     "model_config",
     "init_checkpoint",
     "mesh_shape",
     "sharding_mode",
-    "num_microbatches",
     "model_fn",
     "optimizer",
     "learning_rate",
 )
-_DATA_PROGRAM_FIELDS = ("batch_size", "task_feature_lengths", "pack")
+_GROUP_PROGRAM_FIELDS = (
+    (DataOptions, ("batch_size", "task_feature_lengths", "pack")),
+    (LoopOptions, ("num_microbatches",)),
+)
 
 
 def _train_bindings() -> dict[str, Any]:
@@ -37,12 +39,15 @@ def _train_bindings() -> dict[str, Any]:
     defaults = {name: p.default for name, p in inspect.signature(train).parameters.items()}
     bound = gin.get_bindings("t2t.runs.train")
     run = {name: bound.get(name, defaults[name]) for name in _TRAIN_PROGRAM_ARGS}
-    fields = {f.name: f for f in dataclasses.fields(DataOptions)}
-    data = gin.get_bindings("t2t.runs.DataOptions")
-    for name in _DATA_PROGRAM_FIELDS:
-        field = fields[name]
-        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-        run[name] = data.get(name, default)
+    for group, names in _GROUP_PROGRAM_FIELDS:
+        fields = {f.name: f for f in dataclasses.fields(group)}
+        bound = gin.get_bindings(f"t2t.runs.{group.__name__}")
+        for name in names:
+            field = fields[name]
+            default = (
+                field.default_factory() if field.default is dataclasses.MISSING else field.default
+            )
+            run[name] = bound.get(name, default)
     return run
 
 

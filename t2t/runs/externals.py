@@ -58,6 +58,7 @@ def _register_externals() -> dict[str, Callable]:
                 options.DataOptions,
                 options.CheckpointOptions,
                 options.EvalOptions,
+                options.LoopOptions,
             ),
         ),
     ):

@@ -22,10 +22,10 @@ from t2t.nn.config import TransformerConfig
 from t2t.runs.externals import EXTERNALS
 from t2t.runs.helpers import import_task_modules, resolve_model_config, use_carried_vocabulary
 from t2t.trainer import options
-from t2t.trainer.options import CheckpointOptions, DataOptions, EvalOptions
+from t2t.trainer.options import CheckpointOptions, DataOptions, EvalOptions, LoopOptions
 
 # The option groups `train` builds from gin when not given, and where its former arguments went.
-OPTION_GROUPS = (DataOptions, CheckpointOptions, EvalOptions)
+OPTION_GROUPS = (DataOptions, CheckpointOptions, EvalOptions, LoopOptions)
 MOVED_OPTIONS = {
     "mixture_or_task": "t2t.runs.DataOptions.mixture_or_task",
     "task_feature_lengths": "t2t.runs.DataOptions.task_feature_lengths",
@@ -46,6 +46,9 @@ MOVED_OPTIONS = {
     "early_stopping": "t2t.runs.EvalOptions.early_stopping",
     "reduce_on_plateau": "t2t.runs.EvalOptions.reduce_on_plateau",
     "num_predictions": "t2t.runs.EvalOptions.num_predictions",
+    "log_every": "t2t.runs.LoopOptions.log_every",
+    "num_microbatches": "t2t.runs.LoopOptions.num_microbatches",
+    "progress": "t2t.runs.LoopOptions.progress",
 }
 
 
@@ -57,18 +60,16 @@ def train(
     data: DataOptions | None = None,
     checkpoints: CheckpointOptions | None = None,
     evaluation: EvalOptions | None = None,
+    loop: LoopOptions | None = None,
     model_config: TransformerConfig | None = None,
     model_fn: Callable[..., models.BaseModel] = EXTERNALS["t2t.models.model_for"],
     optimizer: Callable[..., optax.GradientTransformation] = EXTERNALS["t2t.optim.adafactor"],
     learning_rate: optax.Schedule | float = 1e-3,
-    num_microbatches: int = 1,
     mesh_shape: Sequence[int] = (-1, 1),
     sharding_mode: str = "tensor_parallel",
     seed: int = 0,
-    log_every: int = 100,
     init_checkpoint: str | None = None,
     finetuning: FineTuning | None = None,
-    progress: bool = True,
     check_attention: bool = True,
 ) -> dict[str, Any]:
     """Trains a model and keeps its checkpoints, summaries and config in `model_dir`.
@@ -77,10 +78,10 @@ def train(
     where it stopped). With no checkpoint there, `init_checkpoint` (a HF T5 directory or another
     run's model directory) supplies the first parameters and the optimizer starts afresh.
 
-    The data, checkpoint and evaluation options are groups gin binds by field
+    The data, checkpoint, evaluation and loop options are groups gin binds by field
     (`t2t.runs.DataOptions.batch_size = 32`, `t2t.runs.CheckpointOptions.every = 500`,
-    `t2t.runs.EvalOptions.tasks = [...]`; `t2t.trainer.options` documents every field); a group
-    not given here is built from those bindings.
+    `t2t.runs.LoopOptions.log_every = 10`; `t2t.trainer.options` documents every field); a
+    group not given here is built from those bindings, and each goes whole to the trainer.
 
     Args:
       model_dir: the run's directory (local or any path Orbax and TensorFlow can write).
@@ -88,20 +89,18 @@ def train(
       data: the training data (`DataOptions`).
       checkpoints: when checkpoints are written and which are kept (`CheckpointOptions`).
       evaluation: what is evaluated, how often, and what acts on it (`EvalOptions`).
+      loop: logging, gradient accumulation, the progress bar (`LoopOptions`).
       model_config: the network; None takes it from `init_checkpoint`.
       model_fn: builds the model wrapper from the config (`t2t.models.model_for`; bind its
         `z_loss` and `loss_normalizing_factor`).
       optimizer: called as `optimizer(learning_rate=...)` (`t2t.optim.adafactor`).
       learning_rate: a schedule (`@t2t.optim.inverse_sqrt()`) or a constant.
-      num_microbatches: gradient-accumulation microbatches per step.
       mesh_shape: (data, model) mesh sizes, one may be -1.
       sharding_mode: `data_parallel`, `tensor_parallel` or `fsdp`.
       seed: seeds initialization, dropout, the data order and the data subset.
-      log_every: log and check the training metrics every this many steps.
       init_checkpoint: HF T5 directory or t2t model directory to start from.
       finetuning: what trains and how (`@t2t.finetuning.FineTuning()`; the files in
         gin/finetuning/ bind it for each method).
-      progress: show a progress bar.
       check_attention: before training, run each attention site that this platform puts on a
         fused kernel (cuDNN, Pallas flash) once at the run's lengths against the float32 formula
         on this device, and stop if it is off (`t2t.nn.attention_check`); nothing runs where
@@ -113,64 +112,67 @@ def train(
     """
     from t2t import partitioning
     from t2t.checkpoints import lock
+    from t2t.data import batches, pipeline
+    from t2t.trainer import Trainer
 
-    run = _Run(
-        model_dir=model_dir,
-        train_steps=train_steps,
-        data=data or EXTERNALS["t2t.runs.DataOptions"](),
-        checkpoints=checkpoints or EXTERNALS["t2t.runs.CheckpointOptions"](),
-        evaluation=evaluation or EXTERNALS["t2t.runs.EvalOptions"](),
-        model_config=model_config,
-        model_fn=model_fn,
-        optimizer=optimizer,
-        learning_rate=learning_rate,
-        num_microbatches=num_microbatches,
-        mesh_shape=tuple(mesh_shape),
-        sharding_mode=sharding_mode,
-        seed=seed,
-        log_every=log_every,
-        init_checkpoint=init_checkpoint,
-        finetuning=finetuning,
-        progress=progress,
-        check_attention=check_attention,
+    data = data or EXTERNALS["t2t.runs.DataOptions"]()
+    checkpoints = checkpoints or EXTERNALS["t2t.runs.CheckpointOptions"]()
+    evaluation = evaluation or EXTERNALS["t2t.runs.EvalOptions"]()
+    loop = loop or EXTERNALS["t2t.runs.LoopOptions"]()
+    options.check_count(
+        "t2t.runs.train.train_steps", train_steps, options.Count.POSITIVE, "TRAIN_STEPS"
     )
     partitioning.initialize_distributed()
-    _check_learning_rate(run.learning_rate, run.train_steps)
+    _check_learning_rate(learning_rate, train_steps)
     with lock.hold(model_dir):  # one writer per model directory; fails fast when held
-        summary = _train(run)
-    hosts.finished()  # the other hosts' watchdogs see this process end on purpose
-    return summary
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Run:
-    """`train`'s arguments, checked (the groups check themselves when built)."""
-
-    model_dir: str
-    train_steps: int
-    data: DataOptions
-    checkpoints: CheckpointOptions
-    evaluation: EvalOptions
-    model_config: TransformerConfig | None
-    model_fn: Callable[..., models.BaseModel]
-    optimizer: Callable[..., optax.GradientTransformation]
-    learning_rate: optax.Schedule | float
-    num_microbatches: int
-    mesh_shape: tuple[int, ...]
-    sharding_mode: str
-    seed: int
-    log_every: int
-    init_checkpoint: str | None
-    finetuning: FineTuning | None
-    progress: bool
-    check_attention: bool
-
-    def __post_init__(self):
-        options.check_count(
-            "t2t.runs.train.train_steps", self.train_steps, (False, False), "TRAIN_STEPS"
+        import_task_modules((), [data.mixture_or_task, *evaluation.tasks])
+        use_carried_vocabulary(model_dir, init_checkpoint)
+        config = resolve_model_config(model_config, init_checkpoint)
+        _check_vocabularies(config, data, evaluation, None if model_config else init_checkpoint)
+        model = model_fn(config)
+        partitioner = partitioning.make_partitioner(*mesh_shape, mode=sharding_mode)
+        _announce_network(config, partitioner, data, check_attention)
+        train_config, eval_configs = _data_configs(data, evaluation, seed, model, partitioner)
+        train_data = pipeline.InputPipeline(train_config)
+        metadata = _run_metadata(model_dir, data, train_data)
+        trainer = Trainer.create(
+            model,
+            optimizer(learning_rate=learning_rate),
+            partitioner,
+            model_dir,
+            train_data,
+            checkpoints=checkpoints,
+            evaluation=evaluation,
+            loop=loop,
+            init_checkpoint=init_checkpoint,
+            finetuning=finetuning,
+            eval_data={
+                k: batches.eval_batches(c, evaluation.steps) for k, c in eval_configs.items()
+            },
+            metadata=metadata,
+            learning_rate=learning_rate,
+            seed=seed,
         )
-        for name in ("num_microbatches", "log_every"):
-            options.check_count(f"t2t.runs.train.{name}", getattr(self, name), (False, False))
+        vocabulary_file = metadata.get("vocabulary", {}).get("sentencepiece_model_file")
+        write_run_files(model_dir, config, vocabulary_file=vocabulary_file)
+        try:
+            summary = trainer.train(train_steps)
+            if trainer.is_chief:
+                _say_if_nothing_was_trained(summary, trainer.step, train_steps, evaluation)
+            shown = []
+            if evaluation.num_predictions:
+                if evaluation.tasks:
+                    target = eval_configs[evaluation.tasks[0]]
+                else:
+                    target = dataclasses.replace(
+                        train_config, split=evaluation.split, max_examples=None
+                    )
+                shown = _show_predictions(model, trainer, partitioner, target, evaluation)
+        finally:
+            trainer.close()
+        write_run_files(model_dir, config)  # now with everything the run used
+    hosts.finished()  # the other hosts' watchdogs see this process end on purpose
+    return {**summary, "predictions": shown}
 
 
 def _check_learning_rate(rate: optax.Schedule | float, train_steps: int) -> None:
@@ -195,171 +197,108 @@ def _check_learning_rate(rate: optax.Schedule | float, train_steps: int) -> None
         )
 
 
-def _train(run: _Run) -> dict[str, Any]:
-    """`train`'s body, run while holding the model directory's lock."""
-    from t2t import partitioning
-    from t2t.data import pipeline
-
-    import_task_modules((), [run.data.mixture_or_task, *run.evaluation.tasks])
-    use_carried_vocabulary(run.model_dir, run.init_checkpoint)
-    config = resolve_model_config(run.model_config, run.init_checkpoint)
-    _check_vocabularies(run, config)
-    model = run.model_fn(config)
-    partitioner = partitioning.make_partitioner(*run.mesh_shape, mode=run.sharding_mode)
-    if jax.process_index() == 0:
-        print(_network_line(config, partitioner, run.data.task_feature_lengths), flush=True)
-    if run.check_attention:
-        _check_attention_kernels(run, config, partitioner)
-    train_config, eval_configs = _data_configs(run, config, model, partitioner)
-    train_data = pipeline.InputPipeline(train_config)
-    metadata = _run_metadata(run, train_data)
-    trainer = _make_trainer(run, model, partitioner, train_data, eval_configs, metadata)
-    vocabulary_file = metadata.get("vocabulary", {}).get("sentencepiece_model_file")
-    write_run_files(run.model_dir, config, vocabulary_file=vocabulary_file)
-    try:
-        summary = trainer.train(run.train_steps)
-        if trainer.is_chief:
-            _say_if_nothing_was_trained(run, summary, trainer.step)
-        shown = []
-        if run.evaluation.num_predictions:
-            target = (
-                eval_configs[run.evaluation.tasks[0]]
-                if run.evaluation.tasks
-                else dataclasses.replace(
-                    train_config, split=run.evaluation.split, max_examples=None
-                )
-            )
-            shown = _show_predictions(run, model, trainer, partitioner, target)
-    finally:
-        trainer.close()
-    write_run_files(run.model_dir, config)  # now with everything the run used
-    return {**summary, "predictions": shown}
-
-
-def _check_vocabularies(run: _Run, config: TransformerConfig) -> None:
+def _check_vocabularies(
+    config: TransformerConfig,
+    data: DataOptions,
+    evaluation: EvalOptions,
+    network_from: str | None,
+) -> None:
     """Before any data is read: the training and evaluation tasks can be read offline, and the
-    model's embedding has a row for every id their vocabularies produce."""
+    model's embedding has a row for every id their vocabularies produce. `network_from`: the
+    checkpoint the network came from (None: the run configured it)."""
     from t2t.data import registry
 
-    if run.model_config is not None:
+    if network_from is None:
         fix = (
             "Give the model at least that many (gin: t2t.nn.get_preset.vocab_size = N, a "
             "multiple of 128 is fastest) or train on tasks tokenized with a smaller vocabulary."
         )
     else:
         fix = (
-            f"The network comes from {run.init_checkpoint}: train on tasks tokenized with the "
+            f"The network comes from {network_from}: train on tasks tokenized with the "
             "vocabulary it was trained with (its model directory carries it as spiece.model)."
         )
-    names = [run.data.mixture_or_task, *run.evaluation.tasks]
+    names = [data.mixture_or_task, *evaluation.tasks]
     for position, name in enumerate(names):
         provider = registry.get_task_or_mixture(name)
-        registry.check_ready(provider, use_cached=run.data.use_cached and position == 0)
+        registry.check_ready(provider, use_cached=data.use_cached and position == 0)
         registry.check_vocabulary_fits(provider, config.vocab_size, fix=fix)
 
 
-def _network_line(config: TransformerConfig, partitioner, lengths) -> str:
-    """What the step computes in and how attention runs on these devices, for the log."""
-    from t2t.nn import attention_ops
+def _announce_network(
+    config: TransformerConfig, partitioner, data: DataOptions, check_attention: bool
+) -> None:
+    """Prints what the step computes in and how attention runs on these devices; with
+    `check_attention`, stops the run before its data is read if a fused attention kernel it
+    would train on computes something else than the formula on this device
+    (`t2t.nn.attention_check`)."""
+    from t2t.nn import attention_check, attention_ops
 
     platform = partitioner.mesh.devices.flat[0].platform
-    inputs, targets = lengths.get("inputs", 0), lengths.get("targets", 0)
-    return f"compute {config.dtype}, parameters {config.param_dtype}; " + attention_ops.summary(
-        config, platform, lengths=(inputs, targets)
-    )
-
-
-def _check_attention_kernels(run: _Run, config: TransformerConfig, partitioner) -> None:
-    """Stops the run before its data is read if a fused attention kernel it would train on
-    computes something else than the formula on this device (`t2t.nn.attention_check`)."""
-    from t2t.nn import attention_check
-
-    platform = partitioner.mesh.devices.flat[0].platform
-    lengths = run.data.task_feature_lengths
+    lengths = data.task_feature_lengths
     lengths = (lengths.get("inputs", 0), lengths.get("targets", 0))
-    results = attention_check.check(config, platform, lengths, packed=run.data.pack)
-    if results and jax.process_index() == 0:
-        print(attention_check.report(results), flush=True)
+    if jax.process_index() == 0:
+        print(
+            f"compute {config.dtype}, parameters {config.param_dtype}; "
+            + attention_ops.summary(config, platform, lengths=lengths),
+            flush=True,
+        )
+    if check_attention:
+        results = attention_check.check(config, platform, lengths, packed=data.pack)
+        if results and jax.process_index() == 0:
+            print(attention_check.report(results), flush=True)
 
 
-def _data_configs(run, config: TransformerConfig, model, partitioner):
+def _data_configs(data: DataOptions, evaluation: EvalOptions, seed: int, model, partitioner):
     """The pipeline of the training data and one per eval task, this host's shard of each."""
     from t2t.data import pipeline
 
     shard_index, num_shards = partitioner.data_shard()
-    data = dict(
-        task_feature_lengths=dict(run.data.task_feature_lengths),
-        global_batch_size=run.data.batch_size,
-        architecture=config.architecture,
+    common = dict(
+        task_feature_lengths=dict(data.task_feature_lengths),
+        global_batch_size=data.batch_size,
+        architecture=model.config.architecture,
         feature_converter=model.feature_converter,
-        pack=run.data.pack,
-        use_cached=run.data.use_cached,
-        seed=run.seed,
+        pack=data.pack,
+        seed=seed,
         shard_index=shard_index,
         num_shards=num_shards,
     )
     train_config = pipeline.PipelineConfig(
-        run.data.mixture_or_task, **data, max_examples=run.data.max_examples
+        data.mixture_or_task, **common, use_cached=data.use_cached, max_examples=data.max_examples
     )
     eval_configs = {
         name: pipeline.PipelineConfig(
-            name,
-            **{**data, "use_cached": False},
-            split=run.evaluation.split,
-            shuffle=False,
-            num_epochs=1,
+            name, **common, split=evaluation.split, shuffle=False, num_epochs=1
         )
-        for name in run.evaluation.tasks
+        for name in evaluation.tasks
     }
     return train_config, eval_configs
 
 
-def _run_metadata(run, train_data) -> dict[str, Any]:
+def _run_metadata(model_dir: str, data: DataOptions, train_data) -> dict[str, Any]:
     """The checkpoints' metadata of the run's data, refused when the model directory's
     checkpoints were trained on other data."""
     from t2t.data import registry
 
-    provider = registry.get_task_or_mixture(run.data.mixture_or_task)
-    metadata = _data_metadata(provider, run.data.mixture_or_task, run.data.task_feature_lengths)
-    metadata["batch_size"] = run.data.batch_size
-    _check_resumable(run.model_dir, metadata)
+    provider = registry.get_task_or_mixture(data.mixture_or_task)
+    metadata = _data_metadata(provider, data.mixture_or_task, data.task_feature_lengths)
+    metadata["batch_size"] = data.batch_size
+    _check_resumable(model_dir, metadata)
     subset = getattr(train_data, "subset", None)
     if subset is not None:
         metadata["train_subset"] = subset
     return metadata
 
 
-def _make_trainer(run: _Run, model, partitioner, train_data, eval_configs, metadata):
-    from t2t.data import batches
-    from t2t.trainer import Trainer
-
-    steps = run.evaluation.steps
-    return Trainer.create(
-        model,
-        run.optimizer(learning_rate=run.learning_rate),
-        partitioner,
-        run.model_dir,
-        train_data,
-        checkpoints=run.checkpoints,
-        evaluation=run.evaluation,
-        init_checkpoint=run.init_checkpoint,
-        finetuning=run.finetuning,
-        seed=run.seed,
-        metadata=metadata,
-        eval_data={k: batches.eval_batches(c, steps) for k, c in eval_configs.items()},
-        learning_rate=run.learning_rate,
-        num_microbatches=run.num_microbatches,
-        log_every=run.log_every,
-        progress=run.progress,
-    )
-
-
-def _say_if_nothing_was_trained(run, summary: Mapping[str, Any], step: int) -> None:
+def _say_if_nothing_was_trained(
+    summary: Mapping[str, Any], step: int, train_steps: int, evaluation: EvalOptions
+) -> None:
     """Tells why a run that trained no step did not (it had stopped early, or was done)."""
     stopped = summary["stopped_early"]
     if stopped is not None and summary["first_step"] == step:
         best = summary["best"].get("early_stopping", {})
-        stopping = run.evaluation.early_stopping
+        stopping = evaluation.early_stopping
         metric = stopping.metric if stopping else "metric"
         print(
             f"nothing to train: this run stopped early at step {stopped} (best {metric} "
@@ -367,7 +306,7 @@ def _say_if_nothing_was_trained(run, summary: Mapping[str, Any], step: int) -> N
             "again.",
             flush=True,
         )
-    elif summary["first_step"] == step >= run.train_steps:
+    elif summary["first_step"] == step >= train_steps:
         print(
             f"nothing to train: the model directory is already at step {step}, the run's "
             "train_steps. Raise TRAIN_STEPS to go on, or give a new MODEL_DIR to start over.",
@@ -375,21 +314,21 @@ def _say_if_nothing_was_trained(run, summary: Mapping[str, Any], step: int) -> N
         )
 
 
-def _show_predictions(run, model, trainer, partitioner, target) -> list:
-    """Greedy predictions of the first `num_predictions` examples of `target` (printed by
-    process 0)."""
+def _show_predictions(model, trainer, partitioner, target, evaluation: EvalOptions) -> list:
+    """Greedy predictions of the first `evaluation.num_predictions` examples of `target`
+    (printed by process 0)."""
     from t2t.data import registry
     from t2t.trainer import predictions
 
-    provider = registry.get_task_or_mixture(run.data.mixture_or_task)
+    provider = registry.get_task_or_mixture(target.mixture_or_task)
     vocabulary = provider.output_features["targets"].vocabulary
     shown = predictions.show_examples(
-        model, trainer.params, partitioner, target, vocabulary, run.evaluation.num_predictions
+        model, trainer.params, partitioner, target, vocabulary, evaluation.num_predictions
     )
     if trainer.is_chief:
         print(
             f"\nGreedy predictions after step {trainer.step} ({target.mixture_or_task}, "
-            f"{run.evaluation.split}):\n{predictions.format_predictions(shown)}",
+            f"{evaluation.split}):\n{predictions.format_predictions(shown)}",
             flush=True,
         )
     return shown

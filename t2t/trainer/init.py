@@ -89,6 +89,7 @@ def init_or_restore(
     finetuning: FineTuning | None = None,
     seed: int = 0,
     start_over: bool = False,
+    abstract_params: nnx.State | None = None,
 ) -> TrainState:
     """The state a run starts from, every array created or restored directly in its shards.
 
@@ -110,15 +111,15 @@ def init_or_restore(
       seed: seeds the random initialization.
       start_over: train from step 0 although the directory once held checkpoints that are
         all damaged.
+      abstract_params: `abstract_model(config, partitioner, seed)` when the caller has it.
 
     Raises:
       UserError: every checkpoint the directory holds, or held, is damaged (and `start_over`
         does not ask to start from step 0 regardless).
     """
     finetuning = finetuning or FineTuning()
-    _, abstract_params = partitioner.abstract_model(
-        lambda: t2t_nn.build(config, nnx.Rngs(params=seed))
-    )
+    if abstract_params is None:
+        abstract_params = abstract_model(config, partitioner, seed)
     latest = manager.latest_step()
     if latest is None and not start_over:
         _refuse_silent_restart(manager)
@@ -138,6 +139,11 @@ def init_or_restore(
         module = partitioner.init_model(lambda: t2t_nn.build(config, nnx.Rngs(params=seed)))
         params, origin = nnx.split(module)[1], {"kind": "random", "seed": seed}
     return TrainState(params, partitioner.init_optimizer(tx, params), origin=origin)
+
+
+def abstract_model(config: TransformerConfig, partitioner: Partitioner, seed: int) -> nnx.State:
+    """The parameters' shapes, dtypes and shardings, nothing allocated."""
+    return partitioner.abstract_model(lambda: t2t_nn.build(config, nnx.Rngs(params=seed)))[1]
 
 
 def abstract_of(tree: Any) -> Any:

@@ -8,8 +8,8 @@ directory. It
   otherwise starts from a HF T5 directory, another run's checkpoint (parameters only) or random
   initialization, every array created directly in its shards;
 - dispatches jitted train steps without waiting for them, and fetches their metrics every
-  `log_every` steps (and before every evaluation and checkpoint) to write TensorBoard scalars,
-  update the progress bar and check that every quantity is finite;
+  `LoopOptions.log_every` steps (and before every evaluation and checkpoint) to write
+  TensorBoard scalars, update the progress bar and check that every quantity is finite;
 - evaluates every `EvalOptions.every` steps: teacher-forced loss and token accuracy on each
   eval set, then each evaluator callable `evaluator(params, step) -> {name: value}`;
 - saves a checkpoint every `CheckpointOptions.every` steps and at the end (keeping the last K and
@@ -51,8 +51,8 @@ from t2t import nn as t2t_nn
 from t2t.checkpoints.manager import BestMetric, CheckpointManager
 from t2t.finetuning import FineTuning
 from t2t.partitioning import Partitioner
-from t2t.trainer import init, monitors, options, reporting, steps
-from t2t.trainer.options import CheckpointOptions, EvalOptions
+from t2t.trainer import init, monitors, reporting, steps
+from t2t.trainer.options import CheckpointOptions, EvalOptions, LoopOptions
 
 Evaluator = Callable[[nnx.State, int], Mapping[str, float]]
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -123,17 +123,15 @@ class Trainer:
         position is checkpointed.
       state: where training starts (`init.init_or_restore`); the trainer advances it.
       manager: the model directory's checkpoints (`open_checkpoints`).
+      checkpoints: when checkpoints are saved (`CheckpointOptions`).
       evaluation: what is evaluated, how often, and the watchers of the results.
-      checkpoint_every: save every this many steps (and at the end).
+      loop: how the loop steps and reports (`LoopOptions`).
       eval_data: eval set name -> function returning an iterable of numpy batches
         (`batches.eval_batches`).
       metadata: saved with every checkpoint besides the trainer's own keys (vocabulary,
         mixture_or_task, task_feature_lengths).
       learning_rate: the schedule (or constant) `tx` uses, for logging only.
-      num_microbatches: microbatches per step (gradient accumulation).
       seed: seeds dropout.
-      log_every: fetch metrics, log them and check them every this many steps.
-      progress: show the console progress bar.
     """
 
     # What the latest call to `train` did so far (set as it goes).
@@ -154,27 +152,22 @@ class Trainer:
         state: init.TrainState,
         manager: CheckpointManager,
         *,
+        checkpoints: CheckpointOptions = CheckpointOptions(),
         evaluation: EvalOptions = EvalOptions(),
-        checkpoint_every: int = 1000,
+        loop: LoopOptions = LoopOptions(),
         eval_data: Mapping[str, Callable[[], Iterable[Mapping[str, np.ndarray]]]] | None = None,
         metadata: Mapping[str, Any] | None = None,
         learning_rate: optax.Schedule | float | None = None,
-        num_microbatches: int = 1,
         seed: int = 0,
-        log_every: int = 100,
-        progress: bool = True,
     ):
-        for name, count in (("log_every", log_every), ("checkpoint_every", checkpoint_every)):
-            options.check_count(name, count, (False, False))
         self.model, self.tx, self.partitioner = model, tx, partitioner
         self.config: t2t_nn.TransformerConfig = model.config
         self.train_data, self.state, self.manager = train_data, state, manager
         self.model_dir, self.is_chief = manager.model_dir, jax.process_index() == 0
-        self.evaluation, self.checkpoint_every = evaluation, checkpoint_every
+        self.checkpoints, self.evaluation, self.loop = checkpoints, evaluation, loop
         self.eval_data, self.metadata = dict(eval_data or {}), dict(metadata or {})
         self.evaluators = [f(model=model, partitioner=partitioner) for f in evaluation.evaluators]
-        self.learning_rate, self.num_microbatches = learning_rate, num_microbatches
-        self.log_every, self.progress_enabled = log_every, progress
+        self.learning_rate = learning_rate
         self.rng = jax.random.PRNGKey(seed)
         self._eval_step = jax.jit(steps.make_eval_step(model))
         self.history: list[tuple[int, dict[str, float]]] = []  # (step, train scalars) this run
@@ -196,21 +189,21 @@ class Trainer:
         *,
         checkpoints: CheckpointOptions = CheckpointOptions(),
         evaluation: EvalOptions = EvalOptions(),
+        loop: LoopOptions = LoopOptions(),
         init_checkpoint: str | None = None,
         finetuning: FineTuning | None = None,
-        seed: int = 0,
+        eval_data: Mapping[str, Callable[[], Iterable[Mapping[str, np.ndarray]]]] | None = None,
         metadata: Mapping[str, Any] | None = None,
-        **loop: Any,
+        learning_rate: optax.Schedule | float | None = None,
+        seed: int = 0,
     ) -> Trainer:
         """A trainer on `model_dir`'s latest checkpoint, or on a first state: opens the
         checkpoints, wraps `tx` for the fine-tuning method and the watchers, and restores or
-        initializes (`init.init_or_restore`). `loop` takes `Trainer`'s remaining keywords
-        (`eval_data`, `learning_rate`, `num_microbatches`, `log_every`, `progress`)."""
+        initializes (`init.init_or_restore`). `init_checkpoint` and `finetuning` decide the
+        first state (`init.init_or_restore`); the other arguments are `Trainer`'s."""
         finetuning = finetuning or FineTuning()
         tx = init.optimizer_for(tx, model.config, finetuning, evaluation.reduce_on_plateau)
-        _, abstract_params = partitioner.abstract_model(
-            lambda: t2t_nn.build(model.config, nnx.Rngs(params=seed))
-        )
+        abstract_params = init.abstract_model(model.config, partitioner, seed)
         finetuning.check(abstract_params)
         metadata = {**(metadata or {}), "finetuning": finetuning.describe(abstract_params)}
         manager = open_checkpoints(model_dir, checkpoints, evaluation)
@@ -224,6 +217,7 @@ class Trainer:
             finetuning=finetuning,
             seed=seed,
             start_over=checkpoints.start_over,
+            abstract_params=abstract_params,
         )
         return cls(
             model,
@@ -232,11 +226,13 @@ class Trainer:
             train_data,
             state,
             manager,
+            checkpoints=checkpoints,
             evaluation=evaluation,
-            checkpoint_every=checkpoints.every,
+            loop=loop,
+            eval_data=eval_data,
             metadata=metadata,
+            learning_rate=learning_rate,
             seed=seed,
-            **loop,
         )
 
     @property
@@ -277,7 +273,7 @@ class Trainer:
         progress = reporting.Progress(
             num_steps,
             self.state.step,  # no bar when nothing is left
-            enabled=self.progress_enabled and self.state.step < num_steps,
+            enabled=self.loop.progress and self.state.step < num_steps,
             silent=not self.is_chief,
         )
         self._window_start = time.perf_counter()
@@ -359,7 +355,7 @@ class Trainer:
         """Whether a signal asks this run to stop now (every host agreeing on the step)."""
         if jax.process_count() == 1:
             return self._stop_signal is not None
-        if self.state.step % self.log_every:
+        if self.state.step % self.loop.log_every:
             return False  # hosts compare notes at log boundaries, keeping steps asynchronous
         received = hosts.agree(f"stop at step {self.state.step}", str(self._stop_signal or 0))
         if max(map(int, received)) and self._stop_signal is None:
@@ -398,7 +394,7 @@ class Trainer:
             steps.make_train_step(
                 self.model,
                 self.tx,
-                num_microbatches=self.num_microbatches,
+                num_microbatches=self.loop.num_microbatches,
                 grad_shardings=steps.shardings_of(abstract_params),
             ),
             self.partitioner,
@@ -417,9 +413,9 @@ class Trainer:
     def _boundary(self, num_steps: int, progress: reporting.Progress) -> dict[str, float] | None:
         """Logging, evaluation and checkpointing due after the step just dispatched."""
         step, last = self.state.step, self.state.step == num_steps
-        checkpoint_due = last or step % self.checkpoint_every == 0
+        checkpoint_due = last or step % self.checkpoints.every == 0
         eval_due = self.evaluation.every is not None and (last or step % self.evaluation.every == 0)
-        if last or checkpoint_due or eval_due or step % self.log_every == 0:
+        if last or checkpoint_due or eval_due or step % self.loop.log_every == 0:
             self._flush(progress)
         results = None
         if eval_due:

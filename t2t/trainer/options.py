@@ -1,4 +1,5 @@
-"""A training run's options in three typed groups: its data, its checkpoints, its evaluations.
+"""A training run's options in four typed groups: its data, its checkpoints, its evaluations,
+and how its loop steps and reports.
 
 Each group is a frozen dataclass whose fields are the options, each documented beside it, and
 which refuses a bad value when it is built, before anything else is (a count that is not a
@@ -10,43 +11,46 @@ as values:
                        task_feature_lengths={"inputs": 128, "targets": 32}, batch_size=32)
     checkpoints = CheckpointOptions(every=100, keep=2)
     evaluation = EvalOptions(every=100, tasks=("builtin_order",))
+    loop = LoopOptions(log_every=10, progress=False)
+
+Each group flows whole to where its options are used (`t2t.runs.train` -> `Trainer`), so an
+option is declared, defaulted and checked once: here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from t2t.trainer import monitors
 
-# What a count field accepts: None allowed?, zero allowed?
-_POSITIVE, _POSITIVE_OR_NONE, _NON_NEGATIVE = (False, False), (True, False), (False, True)
+
+class Count(enum.Enum):
+    """What a count option accepts (an int, never a bool)."""
+
+    POSITIVE = "a positive int"
+    POSITIVE_OR_NONE = "a positive int or None"
+    NON_NEGATIVE = "a non-negative int"
 
 
-def check_count(binding: str, value: Any, kind: tuple[bool, bool], macro: str | None = None):
+def check_count(binding: str, value: Any, kind: Count, macro: str | None = None) -> None:
     """Refuses a count that is not an int of the kind asked (e.g. TRAIN_STEPS = 0, or a
     string), naming the gin binding and what to give."""
-    none_ok, zero_ok = kind
-    if value is None and none_ok:
+    if value is None and kind is Count.POSITIVE_OR_NONE:
         return
-    if (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and (value > 0 or (zero_ok and value == 0))
-    ):
-        return
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value > 0 or (value == 0 and kind is Count.NON_NEGATIVE):
+            return
     named = binding + (f" (the gin macro {macro})" if macro else "")
-    wanted = ("a non-negative int" if zero_ok else "a positive int") + (
-        " or None" if none_ok else ""
-    )
     raise ValueError(
-        f"{named} must be {wanted}; got {value!r} ({type(value).__name__}). "
+        f"{named} must be {kind.value}; got {value!r} ({type(value).__name__}). "
         f"Example: --gin.{macro or binding}=100"
     )
 
 
-def _check_counts(options: Any, kinds: Mapping[str, tuple[bool, bool]], macros=None) -> None:
+def _check_counts(options: Any, kinds: Mapping[str, Count], macros=None) -> None:
     group = type(options).__name__
     for name, kind in kinds.items():
         binding = f"t2t.runs.{group}.{name}"
@@ -75,7 +79,7 @@ class DataOptions:
     def __post_init__(self):
         _check_counts(
             self,
-            {"batch_size": _POSITIVE, "max_examples": _POSITIVE_OR_NONE},
+            {"batch_size": Count.POSITIVE, "max_examples": Count.POSITIVE_OR_NONE},
             macros={"batch_size": "BATCH_SIZE"},
         )
         if not isinstance(self.mixture_or_task, str) or not self.mixture_or_task:
@@ -112,7 +116,7 @@ class CheckpointOptions:
     so a retry never starts over silently."""
 
     def __post_init__(self):
-        _check_counts(self, {"every": _POSITIVE, "keep": _POSITIVE_OR_NONE})
+        _check_counts(self, {"every": Count.POSITIVE, "keep": Count.POSITIVE_OR_NONE})
         for metric, mode in dict(self.best_metrics or {}).items():
             if mode not in ("max", "min"):
                 raise ValueError(
@@ -149,9 +153,9 @@ class EvalOptions:
         _check_counts(
             self,
             {
-                "every": _POSITIVE_OR_NONE,
-                "steps": _POSITIVE_OR_NONE,
-                "num_predictions": _NON_NEGATIVE,
+                "every": Count.POSITIVE_OR_NONE,
+                "steps": Count.POSITIVE_OR_NONE,
+                "num_predictions": Count.NON_NEGATIVE,
             },
         )
         for watcher in (self.early_stopping, self.reduce_on_plateau):
@@ -160,3 +164,20 @@ class EvalOptions:
                     f"{type(watcher).__name__} watches evaluations: set "
                     "t2t.runs.EvalOptions.every (how often to evaluate)."
                 )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoopOptions:
+    """How the training loop steps and reports."""
+
+    log_every: int = 100
+    """Fetch, log and check (finite?) the training metrics every this many steps, and before
+    every evaluation and checkpoint."""
+    num_microbatches: int = 1
+    """Split each step's batch into this many microbatches and accumulate their gradients
+    (the same update with less activation memory)."""
+    progress: bool = True
+    """Show the console progress bar."""
+
+    def __post_init__(self):
+        _check_counts(self, {"log_every": Count.POSITIVE, "num_microbatches": Count.POSITIVE})

@@ -24,7 +24,7 @@ SMALL = [
     "t2t.nn.get_preset.num_decoder_layers = 2",
     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
     "BATCH_SIZE = 8",
-    "t2t.runs.train.progress = False",
+    "t2t.runs.LoopOptions.progress = False",
     "t2t.runs.EvalOptions.num_predictions = 0",
 ]
 
@@ -56,9 +56,9 @@ def finetune(pretrained, model_dir, method_files, *bindings, steps=3):
             "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
             "t2t.runs.EvalOptions.every = None",
             "t2t.runs.EvalOptions.evaluators = []",
-            "t2t.runs.train.progress = False",
+            "t2t.runs.LoopOptions.progress = False",
             "t2t.runs.EvalOptions.num_predictions = 0",
-            "t2t.runs.train.log_every = 1",
+            "t2t.runs.LoopOptions.log_every = 1",
             *bindings,
         ],
     )
@@ -80,7 +80,7 @@ def is_norm(path):
 METHODS = {
     "adapters": (
         ["gin/finetuning/adapters.gin"],  # in two microbatches, too
-        ["ADAPTER_SIZE = 4", "t2t.runs.train.num_microbatches = 2"],
+        ["ADAPTER_SIZE = 4", "t2t.runs.LoopOptions.num_microbatches = 2"],
         lambda p: "adapter" in p or is_norm(p),
     ),
     "lora": (["gin/finetuning/lora.gin"], ["LORA_RANK = 2"], lambda p: "lora_" in p),

@@ -16,7 +16,7 @@ from t2t import nn as t2t_nn
 from t2t.checkpoints import hf
 from t2t.checkpoints.manager import CheckpointManager
 from t2t.trainer import NonFiniteError, Trainer, init, reporting, sources, steps
-from t2t.trainer.options import CheckpointOptions, EvalOptions
+from t2t.trainer.options import CheckpointOptions, EvalOptions, LoopOptions
 
 CONFIG = t2t_nn.get_preset("tiny", vocab_size=128, dropout_rate=0.1)
 LENGTHS = (16, 8)  # inputs, targets
@@ -54,16 +54,19 @@ def _single_device():
     return partitioning.make_partitioner(1, 1, devices=jax.devices()[:1])
 
 
-def _trainer(model_dir, partitioner, model=None, learning_rate=1e-2, **kwargs):
-    """A trainer on `model_dir` (`Trainer.create`); `checkpoint_every`, `async_checkpoints` and
-    `eval_every` go into its option groups."""
-    checkpoints = CheckpointOptions(
-        every=kwargs.pop("checkpoint_every", 100),
-        async_save=kwargs.pop("async_checkpoints", True),
-    )
-    evaluation = EvalOptions(every=kwargs.pop("eval_every", None))
-    settings = dict(log_every=1, progress=False, seed=3)
-    settings.update(kwargs)
+LOOP = LoopOptions(log_every=1, progress=False)
+
+
+def _trainer(
+    model_dir,
+    partitioner,
+    model=None,
+    learning_rate=1e-2,
+    checkpoints=CheckpointOptions(every=100),
+    loop=LOOP,
+    **kwargs,
+):
+    """A trainer on `model_dir` (`Trainer.create`) with seed 3."""
     return Trainer.create(
         model or _model(),
         optim.adafactor(learning_rate),
@@ -71,9 +74,9 @@ def _trainer(model_dir, partitioner, model=None, learning_rate=1e-2, **kwargs):
         str(model_dir),
         SyntheticBatches(),
         checkpoints=checkpoints,
-        evaluation=evaluation,
+        loop=loop,
         learning_rate=learning_rate,
-        **settings,
+        **{"seed": 3, **kwargs},
     )
 
 
@@ -95,7 +98,7 @@ def _assert_close(a, b, atol):
 def single_run(tmp_path_factory):
     """Three steps on one device (with dropout), checkpoints at steps 2 and 3."""
     model_dir = tmp_path_factory.mktemp("single")
-    trainer = _trainer(model_dir, _single_device(), checkpoint_every=2)
+    trainer = _trainer(model_dir, _single_device(), checkpoints=CheckpointOptions(every=2))
     summary = trainer.train(3)
     trainer.close()
     return model_dir, trainer, summary
@@ -174,7 +177,11 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
         return jnp.where(count < 3, 1e-2, jnp.nan)
 
     trainer = _trainer(
-        tmp_path, _single_device(), learning_rate=exploding, checkpoint_every=2, log_every=5
+        tmp_path,
+        _single_device(),
+        learning_rate=exploding,
+        checkpoints=CheckpointOptions(every=2),
+        loop=LoopOptions(log_every=5, progress=False),
     )
     with pytest.raises(
         NonFiniteError,
@@ -315,9 +322,11 @@ def test_train_scalars():
 
 def test_bad_periods_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"CheckpointOptions.every must be a positive int; got 0"):
-        _trainer(tmp_path, _single_device(), checkpoint_every=0)
-    with pytest.raises(ValueError, match=r"log_every must be a positive int; got 0"):
-        _trainer(tmp_path, _single_device(), log_every=0)
+        CheckpointOptions(every=0)
+    with pytest.raises(ValueError, match=r"LoopOptions.log_every must be a positive int; got 0"):
+        LoopOptions(log_every=0)
+    with pytest.raises(ValueError, match=r"num_microbatches must be a positive int; got True"):
+        LoopOptions(num_microbatches=True)
 
 
 def test_hf_directory_is_recognized(tmp_path):
@@ -336,7 +345,9 @@ def test_hf_directory_is_recognized(tmp_path):
 def test_checkpoint_saved_is_said_only_once_the_save_is_committed(tmp_path, capsys):
     """With asynchronous saves still in flight at every log boundary, no "saved" line appears
     until the trainer has waited for them; then one per step."""
-    trainer = _trainer(tmp_path, _single_device(), checkpoint_every=2, async_checkpoints=True)
+    trainer = _trainer(
+        tmp_path, _single_device(), checkpoints=CheckpointOptions(every=2, async_save=True)
+    )
     real_wait = trainer.manager.wait_until_finished
     trainer.manager.is_saving_in_progress = lambda: True  # never committed while training
 
@@ -356,7 +367,7 @@ def test_checkpoint_saved_is_said_only_once_the_save_is_committed(tmp_path, caps
 def test_an_evaluation_with_nothing_to_evaluate_prints_no_empty_line(tmp_path, capsys):
     """Issue 33: a chain stage with no eval tasks printed "step N eval: " with nothing after it
     at every evaluation."""
-    trainer = _trainer(tmp_path, _single_device(), eval_every=1)
+    trainer = _trainer(tmp_path, _single_device(), evaluation=EvalOptions(every=1))
     trainer.train(2)
     lines = capsys.readouterr().out.splitlines()
     assert not [line for line in lines if "eval:" in line], lines
