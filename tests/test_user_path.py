@@ -186,3 +186,19 @@ def test_cache_a_builtin_task_then_read_it_back(tmp_path, capsys, seqio_cache_di
     finally:
         task._cache_dir = None
     assert cached == fresh and len(cached) > 10
+
+
+def test_a_missing_model_dir_is_refused_before_tensorflow_or_jax_load(tmp_path):
+    """`t2t eval/infer/export/average --model_dir=<missing>` answer from the arguments alone."""
+    import subprocess
+    import sys
+
+    missing = tmp_path / "no_such_run"
+    code = (
+        "import sys\nfrom t2t.cli import main\n"
+        f"codes = [main([c, '--model_dir={missing}']) for c in ('eval', 'infer', 'export', 'average')]\n"
+        "print(codes, [m for m in ('tensorflow', 'jax', 'seqio') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[2, 2, 2, 2] []", done.stdout + done.stderr
+    assert f"--model_dir {missing} is not a directory" in done.stderr

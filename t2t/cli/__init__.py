@@ -157,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a not in ("--traceback", "--verbose")]
     argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
+    if getattr(args, "precheck", None) is not None:  # argument checks that need no library
+        from t2t.errors import UserError
+
+        try:
+            args.precheck(args)
+        except UserError as error:
+            print(f"t2t {args.command}: error: {error}", file=sys.stderr)
+            return 2
     if not verbose:
         terminal.quiet_libraries()
     args.gin_bindings = gin_bindings

@@ -78,6 +78,21 @@ def run_handler(
     return handler
 
 
+def check_model_dir(args) -> None:
+    """Refuses a --model_dir on local disk that is not a directory (a store's path is checked
+    when read): a command's `precheck`, run before TensorFlow and JAX load (seconds)."""
+    import os
+
+    from t2t.errors import UserError
+
+    directory = getattr(args, "model_dir", None)
+    if directory and "://" not in directory and not os.path.isdir(directory):  # local path
+        raise UserError(
+            f"--model_dir {directory} is not a directory: give the model directory a run "
+            "trained in (its MODEL_DIR), which holds checkpoints/."
+        )
+
+
 _DECODING = (
     "batch_size",
     "method",
@@ -154,6 +169,7 @@ def add_eval(subparsers) -> None:
     add_decoding_flags(parser)
     add_gin_flags(parser)
     parser.set_defaults(
+        precheck=check_model_dir,
         handler=run_handler(
             "evaluate",
             (
@@ -172,7 +188,7 @@ def add_eval(subparsers) -> None:
                 *_DECODING,
             ),
             exclusive={"step": None, "steps": None, "all_steps": False},
-        )
+        ),
     )
 
 
@@ -209,6 +225,7 @@ def add_infer(subparsers) -> None:
     add_decoding_flags(parser)
     add_gin_flags(parser)
     parser.set_defaults(
+        precheck=check_model_dir,
         handler=run_handler(
             "infer",
             (
@@ -231,7 +248,7 @@ def add_infer(subparsers) -> None:
                 *_DECODING,
             ),
             exclusive={"input_file": None, "task": None},
-        )
+        ),
     )
 
 
@@ -259,10 +276,11 @@ def add_export(subparsers) -> None:
     )
     add_gin_flags(parser)
     parser.set_defaults(
+        precheck=check_model_dir,
         handler=run_handler(
             "export",
             ("model_dir", "output_dir", "step", "vocabulary_file", "eval_results", "overwrite"),
-        )
+        ),
     )
 
 
@@ -280,9 +298,10 @@ def add_average(subparsers) -> None:
     which.add_argument("--steps", type=ints, help="average these steps (comma-separated)")
     add_gin_flags(parser)
     parser.set_defaults(
+        precheck=check_model_dir,
         handler=run_handler(
             "average",
             ("model_dir", "output_dir", "last", "steps"),
             exclusive={"last": None, "steps": None},
-        )
+        ),
     )

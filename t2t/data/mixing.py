@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 
 import seqio
 
+from t2t.data import registry
+
 RateFn = Callable[[seqio.Task], float]
 
 # Paper section 3.7: the artificial size given to the unlabeled (C4) task in the multi-task
@@ -126,8 +128,13 @@ def paper_multitask_rates(
     return pairs
 
 
-def proportions(mixture: seqio.Mixture) -> dict[str, float]:
-    """Each task's sampling probability in `mixture` (rates normalized to sum to 1)."""
+def proportions(mixture: seqio.Mixture | str) -> dict[str, float]:
+    """Each task's sampling probability in `mixture` (a mixture or its registered name; rates
+    normalized to sum to 1)."""
+    if isinstance(mixture, str):
+        mixture = registry.get_task_or_mixture(mixture)
+        if not isinstance(mixture, seqio.Mixture):
+            raise ValueError(f"{mixture.name!r} is a task, not a mixture: it is sampled alone.")
     rates = {task.name: float(mixture.get_rate(task)) for task in mixture.tasks}
     total = sum(rates.values())
     if total <= 0:

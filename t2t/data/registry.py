@@ -18,8 +18,10 @@ import seqio
 from t2t import files
 
 _IMPORT_HINT = (
-    "Tasks and mixtures are registered by importing their modules, e.g. "
-    "`import t2t.data.tasks.builtin`, `t2t.data.tasks.c4`, `t2t.data.tasks.glue`, "
+    "Tasks and mixtures are registered by importing their modules: give the module that "
+    "registers yours to the command, e.g. `t2t train --import=my_tasks ...` (repeatable; the "
+    "working directory is searched), or import it in Python. The shipped ones: "
+    "`t2t.data.tasks.builtin`, `t2t.data.tasks.c4`, `t2t.data.tasks.glue`, "
     "`t2t.data.tasks.mixtures` (or `t2t.data.tasks.import_all()`)."
 )
 

@@ -142,7 +142,9 @@ def _check_macros_are_used(bindings: Sequence[str]) -> None:
         for value in params.values():
             walk(value)
     for name in sorted(bound - used):
-        close = difflib.get_close_matches(name, sorted(defined - bound), n=3)
+        # the macros a configuration refers to, bound here or not (`TRAIN_STEP` beside
+        # `TRAIN_STEPS`), and the gin files' spare ones
+        close = difflib.get_close_matches(name, sorted(used | (defined - bound)), n=3)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         raise ValueError(
             f"The binding {name} = ... sets a gin macro that no configuration refers to (as "

@@ -57,6 +57,9 @@ def test_worked_example_proportions(tasks):
     assert shares["mixtest_small"] == pytest.approx(10 / total)
     assert shares["mixtest_large"] == pytest.approx(math.sqrt(2000) / total)
     assert [round(shares[t.name], 3) for t in tasks] == [0.116, 0.366, 0.518]
+    assert mixing.proportions("mixtest_k2000_t2") == shares  # by its registered name
+    with pytest.raises(ValueError, match="'mixtest_small' is a task, not a mixture"):
+        mixing.proportions("mixtest_small")
 
 
 def test_scale_applies_before_the_cap(tasks):
