@@ -58,18 +58,13 @@ import tempfile
 import time
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
-SMALL = [  # the suite's shrunk demo network (tests/runs/test_train_run.py), checkpointing often
-    "t2t.nn.get_preset.d_model=64",
-    "t2t.nn.get_preset.d_ff=128",
-    "t2t.nn.get_preset.num_heads=2",
-    "t2t.nn.get_preset.d_kv=32",
-    "t2t.nn.get_preset.num_encoder_layers=1",
-    "t2t.nn.get_preset.num_decoder_layers=1",
+MICRO = "gin/models/micro.gin"  # the suite's shrunk network
+SMALL = [  # the run settings of tests/runs/test_reliability.py, checkpointing often
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
     "BATCH_SIZE=8",
-    "t2t.runs.train.progress=False",
+    "t2t.runs.LoopOptions.progress=False",
     "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.train.log_every=1",
+    "t2t.runs.LoopOptions.log_every=1",
     "t2t.runs.EvalOptions.every=None",
 ]
 PREEMPTED = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE
@@ -81,9 +76,9 @@ FINETUNE = [
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 8}",
     "BATCH_SIZE=8",
     "t2t.runs.EvalOptions.steps=2",
-    "t2t.runs.train.progress=False",
+    "t2t.runs.LoopOptions.progress=False",
     "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.train.log_every=1",
+    "t2t.runs.LoopOptions.log_every=1",
 ]
 # The micro study (tests/studies/test_study.py's, one seed): a shared pretraining, then one
 # fine-tuning and one run from scratch on builtin_order, each scored.
@@ -92,8 +87,8 @@ include 'studies/profiles/builtin_tiny.gin'
 PRETRAIN_STEPS = ["TRAIN_STEPS = {steps}", "t2t.runs.CheckpointOptions.every = {every}"]
 FINETUNE_BINDINGS = ["TRAIN_STEPS = {steps}", "t2t.runs.EvalOptions.every = {every}",
                      "t2t.runs.CheckpointOptions.every = {every}",
-                     "t2t.runs.EvalOptions.num_predictions = 0", "t2t.runs.train.progress = False",
-                     "t2t.runs.CheckpointOptions.keep = 1", "t2t.runs.train.log_every = 1"]
+                     "t2t.runs.EvalOptions.num_predictions = 0", "t2t.runs.LoopOptions.progress = False",
+                     "t2t.runs.CheckpointOptions.keep = 1", "t2t.runs.LoopOptions.log_every = 1"]
 t2t.studies.run.name = "fault_injection"
 t2t.studies.run.tasks = ["builtin_order"]
 t2t.studies.run.seeds = [0]
@@ -111,14 +106,9 @@ t2t.studies.run.arms = [
 ]
 """
 STUDY_NETWORK = [
-    "t2t.nn.get_preset.d_model = 32",
-    "t2t.nn.get_preset.d_ff = 64",
-    "t2t.nn.get_preset.num_heads = 2",
-    "t2t.nn.get_preset.d_kv = 16",
-    "t2t.nn.get_preset.num_encoder_layers = 1",
-    "t2t.nn.get_preset.num_decoder_layers = 1",
+    "include 'models/micro.gin'",
     "BATCH_SIZE = 8",
-    "t2t.runs.train.log_every = 1",
+    "t2t.runs.LoopOptions.log_every = 1",
     "t2t.runs.seqio_evaluator.num_examples = 16",
 ]
 
@@ -152,7 +142,8 @@ def write_spec(target: str, workdir: str, steps: int, checkpoint_every: int) -> 
             "MODEL_DIR = %gin.REQUIRED\n"
             "t2t.chain.run.model_dir = %MODEL_DIR\n"
             "t2t.chain.run.stages = [\n"
-            f'    {{"name": "pretrain", "gin_files": ["experiments/tiny_builtin_demo.gin"],\n'
+            '    {"name": "pretrain",\n'
+            '     "gin_files": ["experiments/tiny_builtin_demo.gin", "models/micro.gin"],\n'
             f'     "bindings": {pretrain!r}}},\n'
             f'    {{"name": "finetune", "gin_files": ["experiments/tiny_builtin_finetune.gin"],\n'
             f'     "bindings": {finetune!r}}},\n'
@@ -188,7 +179,8 @@ def command(
     ]
     if HOSTS > 1:
         bindings.append("EVAL_TASKS=[]")
-    return [*cli, "train", f"--gin_file={DEMO}", *[f"--gin.{b}" for b in bindings]]
+    files = [f"--gin_file={DEMO}", f"--gin_file={MICRO}"]
+    return [*cli, "train", *files, *[f"--gin.{b}" for b in bindings]]
 
 
 HOSTS = 1  # processes of a run (`--hosts`); each a host of one multi-host run

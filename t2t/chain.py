@@ -366,6 +366,10 @@ def command_line(gin_files: Sequence[str], bindings: Sequence[str]) -> str:
         if binding.startswith("import "):  # a gin import line: the module to import first
             parts.append(f"--import={binding[len('import ') :].strip()}")
             continue
+        if binding.startswith("include "):  # a gin include line: one more gin file
+            path = binding[len("include ") :].strip().strip("'\"")
+            parts.append(f"--gin_file={path}")
+            continue
         name, value = (part.strip() for part in binding.split("=", 1))
         parts.append(f"--gin.{name}={value}")
     return " ".join(_quote(p) for p in parts)

@@ -26,9 +26,9 @@ COMMON = [
     "BATCH_SIZE = 8",
     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
     "t2t.runs.EvalOptions.evaluators = []",
-    "t2t.runs.train.progress = False",
+    "t2t.runs.LoopOptions.progress = False",
     "t2t.runs.EvalOptions.num_predictions = 0",
-    "t2t.runs.train.log_every = 1",
+    "t2t.runs.LoopOptions.log_every = 1",
     "t2t.runs.CheckpointOptions.every = 1",
     "t2t.runs.EvalOptions.every = 1",
     "t2t.runs.EvalOptions.steps = 1",
@@ -264,3 +264,16 @@ def test_a_broken_later_stage_is_refused_before_the_first_stage_trains(
 def test_a_chain_from_a_missing_checkpoint_is_refused(tmp_path, capsys):
     with pytest.raises(Exception, match="INIT_CHECKPOINT .* does not exist"):
         chain.validate(str(tmp_path), STAGES, init_checkpoint=str(tmp_path / "nowhere"))
+
+
+def test_a_stage_command_line_turns_import_and_include_lines_into_flags():
+    from t2t import chain
+
+    line = chain.command_line(
+        ["experiments/tiny_builtin_demo.gin"],
+        ["import my_tasks", "include 'models/micro.gin'", "MODEL_DIR = 'runs/x'"],
+    )
+    assert line == (
+        "t2t train --gin_file=experiments/tiny_builtin_demo.gin --import=my_tasks "
+        "--gin_file=models/micro.gin \"--gin.MODEL_DIR='runs/x'\""
+    )

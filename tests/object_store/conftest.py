@@ -16,18 +16,13 @@ import pytest
 BUCKET = "t2t-tests"
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SMALL = [  # the suite's shrunk demo network (tests/runs/test_reliability.py's)
-    "t2t.nn.get_preset.d_model=64",
-    "t2t.nn.get_preset.d_ff=128",
-    "t2t.nn.get_preset.num_heads=2",
-    "t2t.nn.get_preset.d_kv=32",
-    "t2t.nn.get_preset.num_encoder_layers=1",
-    "t2t.nn.get_preset.num_decoder_layers=1",
+MICRO = "gin/models/micro.gin"  # the suite's shrunk network
+SMALL = [  # the run settings of tests/runs/test_reliability.py
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
     "BATCH_SIZE=8",
-    "t2t.runs.train.progress=False",
+    "t2t.runs.LoopOptions.progress=False",
     "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.train.log_every=1",
+    "t2t.runs.LoopOptions.log_every=1",
     "t2t.runs.EvalOptions.every=None",
     "t2t.runs.CheckpointOptions.every=3",
 ]
@@ -73,6 +68,7 @@ def train_argv():
         return [
             "train",
             f"--gin_file={os.path.join(REPO, DEMO)}",
+            f"--gin_file={os.path.join(REPO, MICRO)}",
             f"--gin.MODEL_DIR='{model_dir}'",
             *[f"--gin.{b}" for b in SMALL],
             f"--gin.TRAIN_STEPS={steps}",

@@ -253,7 +253,7 @@ def test_eval_infer_export_average_and_a_run_started_from_the_bucket(
         import transformers
 
         model = transformers.T5ForConditionalGeneration.from_pretrained(local)
-        assert (model.config.d_model, model.config.num_layers) == (64, 1)
+        assert (model.config.d_model, model.config.num_layers) == (32, 1)
 
     averaged = f"{bucket_dir}/averaged"
     assert cli.main(["average", f"--model_dir={run}", "--last=2", f"--output_dir={averaged}"]) == 0

@@ -22,18 +22,13 @@ from t2t.checkpoints import model_dir as model_dir_lib
 from t2t.trainer import loop, reporting
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
+MICRO = "gin/models/micro.gin"  # the suite's shrunk network
 SMALL = [
-    "t2t.nn.get_preset.d_model=64",
-    "t2t.nn.get_preset.d_ff=128",
-    "t2t.nn.get_preset.num_heads=2",
-    "t2t.nn.get_preset.d_kv=32",
-    "t2t.nn.get_preset.num_encoder_layers=1",
-    "t2t.nn.get_preset.num_decoder_layers=1",
     "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
     "BATCH_SIZE=8",
-    "t2t.runs.train.progress=False",
+    "t2t.runs.LoopOptions.progress=False",
     "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.train.log_every=1",
+    "t2t.runs.LoopOptions.log_every=1",
     "t2t.runs.EvalOptions.every=None",
     "t2t.runs.CheckpointOptions.every=3",
 ]
@@ -48,6 +43,7 @@ def _argv(model_dir, steps, *extra):
     return [
         "train",
         f"--gin_file={DEMO}",
+        f"--gin_file={MICRO}",
         f"--gin.MODEL_DIR='{model_dir}'",
         *[f"--gin.{b}" for b in SMALL],
         f"--gin.TRAIN_STEPS={steps}",
@@ -432,10 +428,10 @@ def test_resuming_with_another_network_or_batch_is_refused(runs, tmp_path, capsy
     run = tmp_path / "run"
     shutil.copytree(runs / "six", run)
     _fails(
-        _argv(run, 9, "--gin.t2t.nn.get_preset.d_model=32"),
+        _argv(run, 9, "--gin.t2t.nn.get_preset.d_model=64"),
         capsys,
         "belongs to another network",
-        "decoder/decoder_norm/scale: (64,) in the checkpoint, (32,) here",
+        "decoder/decoder_norm/scale: (32,) in the checkpoint, (64,) here",
         "INIT_CHECKPOINT",
     )
     _fails(
@@ -464,16 +460,16 @@ def test_an_embedding_smaller_than_the_vocabulary_is_refused_before_any_step(tmp
 
     from t2t.errors import UserError
     from t2t.runs import train_run
+    from t2t.trainer.options import DataOptions, EvalOptions
 
-    from_checkpoint = SimpleNamespace(
-        model_config=None,
-        init_checkpoint="gs://bucket/small_run",
-        data=SimpleNamespace(mixture_or_task="builtin_span_corruption", use_cached=False),
-        evaluation=SimpleNamespace(tasks=["builtin_span_corruption"]),
+    data = DataOptions(
+        mixture_or_task="builtin_span_corruption", task_feature_lengths={"targets": 8}
     )
+    evaluation = EvalOptions(tasks=["builtin_span_corruption"])
+    checkpoint = "gs://bucket/small_run"
     with pytest.raises(UserError, match="comes from gs://bucket/small_run: train on tasks"):
-        train_run._check_vocabularies(from_checkpoint, SimpleNamespace(vocab_size=512))
-    train_run._check_vocabularies(from_checkpoint, SimpleNamespace(vocab_size=2048))  # fits
+        train_run._check_vocabularies(SimpleNamespace(vocab_size=512), data, evaluation, checkpoint)
+    train_run._check_vocabularies(SimpleNamespace(vocab_size=2048), data, evaluation, checkpoint)
 
 
 def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, capsys):
@@ -487,9 +483,9 @@ def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, cap
         )
     _fails(_argv(run, "'forty'"), capsys, "must be a positive int; got 'forty' (str)")
     _fails(
-        _argv(run, 9, "--gin.t2t.runs.train.log_every=0"),
+        _argv(run, 9, "--gin.t2t.runs.LoopOptions.log_every=0"),
         capsys,
-        "t2t.runs.train.log_every must be a positive int; got 0",
+        "t2t.runs.LoopOptions.log_every must be a positive int; got 0",
     )
     _fails(  # a negative rate climbs the loss with nothing saying why
         _argv(run, 9, "--gin.t2t.runs.train.learning_rate=-1e-3"),
@@ -504,7 +500,7 @@ def test_counts_gin_syntax_and_unwritable_directories_are_messages(tmp_path, cap
     )
     unbalanced = tmp_path / "unbalanced.gin"
     unbalanced.write_text(
-        f"include '{DEMO.removeprefix('gin/')}'\nt2t.runs.train.log_every = (10\n"
+        f"include '{DEMO.removeprefix('gin/')}'\nt2t.runs.LoopOptions.log_every = (10\n"
     )
     _fails(
         ["train", f"--gin_file={unbalanced}"],

@@ -18,14 +18,9 @@ from t2t import cli, runs
 from t2t.studies import runner
 
 SMALL = [  # a smaller network and shorter runs than the builtin_tiny profile's
-    "t2t.nn.get_preset.d_model = 32",
-    "t2t.nn.get_preset.d_ff = 64",
-    "t2t.nn.get_preset.num_heads = 2",
-    "t2t.nn.get_preset.d_kv = 16",
-    "t2t.nn.get_preset.num_encoder_layers = 1",
-    "t2t.nn.get_preset.num_decoder_layers = 1",
+    "include 'models/micro.gin'",
     "BATCH_SIZE = 8",
-    "t2t.runs.train.log_every = 1",
+    "t2t.runs.LoopOptions.log_every = 1",
     "t2t.runs.seqio_evaluator.num_examples = 16",
 ]
 MICRO = textwrap.dedent("""
@@ -33,7 +28,7 @@ MICRO = textwrap.dedent("""
     PRETRAIN_STEPS = ["TRAIN_STEPS = 2", "t2t.runs.CheckpointOptions.every = 2"]
     FINETUNE_BINDINGS = ["TRAIN_STEPS = 2", "t2t.runs.EvalOptions.every = 2",
                          "t2t.runs.CheckpointOptions.every = 1",
-                         "t2t.runs.EvalOptions.num_predictions = 0", "t2t.runs.train.progress = False"]
+                         "t2t.runs.EvalOptions.num_predictions = 0", "t2t.runs.LoopOptions.progress = False"]
     t2t.studies.run.tasks = ["builtin_order"]
     t2t.studies.run.seeds = [0, 1]
     t2t.studies.run.name = "micro"
