@@ -116,13 +116,23 @@ def counts(tested: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {name: sum(t["verdict"] == name for t in tested) for name in VERDICTS}
 
 
-def tally(studies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+# A study directory holding this file (a line saying what replaced it) is not counted.
+SUPERSEDED_FILE = "SUPERSEDED"
+
+
+def tally(
+    studies: Mapping[str, Mapping[str, Any]], superseded: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Every study's claims, Holm-adjusted over all of them together.
 
     Args:
       studies: name -> its study.json (with "claims", from `evaluate`); a study without claims
         (a null study, a pilot, or one the paper makes no claim of) is listed and not counted.
+      superseded: name -> what replaced it: runs kept for the record, listed and not counted
+        (their claims are the replacement's).
     """
+    superseded = dict(superseded or {})
+    studies = {name: ({} if name in superseded else result) for name, result in studies.items()}
     rows = [
         {**claim, "study": name} for name, result in studies.items() for claim in _claims_of(result)
     ]
@@ -142,7 +152,8 @@ def tally(studies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "claims": rows,
         "tested": sum(row["p_value"] is not None for row in rows),
         "per_study": per_study,
-        "not_counted": [name for name in studies if name not in counted],
+        "not_counted": [n for n in studies if n not in counted and n not in superseded],
+        "superseded": superseded,
         **{name: sum(r["verdict_all"] == name for r in rows) for name in VERDICTS},
     }
 
@@ -195,6 +206,9 @@ def tally_markdown(result: Mapping[str, Any]) -> str:
             "pilot, or a run not yet aggregated with its claims): "
             + ", ".join(result["not_counted"]),
         ]
+    if result.get("superseded"):
+        lines += ["", "Superseded, kept for the record and not counted:"]
+        lines += [f"- {name}: {why}" for name, why in result["superseded"].items()]
     lines += [
         "",
         "p: Welch's t-test over units of replication (each pretraining's mean over its "
@@ -218,12 +232,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("results", help="a directory of study directories (each with study.json)")
     args = parser.parse_args(argv)
-    studies = {}
+    studies, superseded = {}, {}
     for name in sorted(files.listdir(args.results)):
         path = files.join(args.results, name, "study.json")
         if files.exists(path):
             studies[name] = json.loads(files.read_text(path))
-    result = tally(studies)
+            marker = files.join(args.results, name, SUPERSEDED_FILE)
+            if files.exists(marker):
+                superseded[name] = " ".join(files.read_text(marker).split())
+    result = tally(studies, superseded)
     text = tally_markdown(result)
     files.write_text(files.join(args.results, "CLAIMS.md"), text)
     print(text)

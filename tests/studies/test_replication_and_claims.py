@@ -213,3 +213,8 @@ def test_the_tally_corrects_over_every_studys_claims_and_leaves_out_null_studies
     assert found["not_counted"] == ["null", "pilot"]
     text = claims.tally_markdown(found)
     assert "1 reproduced, 0 contradicted, 2 undecided" in text and "lists no claims" in text
+    # A superseded run keeps its claims in its study.json and is listed, not counted.
+    without_strong = claims.tally(studies, superseded={"strong": "rerun as weak"})
+    assert [row["study"] for row in without_strong["claims"]] == ["weak", "weaker"]
+    assert without_strong["not_counted"] == ["null", "pilot"]
+    assert "- strong: rerun as weak" in claims.tally_markdown(without_strong)
