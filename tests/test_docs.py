@@ -16,7 +16,14 @@ from t2t import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md", *sorted(os.path.relpath(p, REPO) for p in glob.glob(f"{REPO}/docs/*.md"))]
-FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+FENCE = re.compile(r"```([a-z]*)\n(.*?)```", re.S)
+
+
+def _blocks(text, skip=("python",)):
+    """The fenced code blocks of `text`, but those in a language of `skip`."""
+    return [body for language, body in FENCE.findall(text) if language not in skip]
+
+
 INLINE = re.compile(r"(?<!`)`([^`]+?)`(?!`)")  # may wrap onto the next line of a paragraph
 # A binding as the docs write it: `name = value` (or `name=value`) with a dotted name, a
 # configurable's parameter; or `NAME = value`, spaced, a macro (`NAME=value` unspaced is an
@@ -42,7 +49,7 @@ def _command_lines(text):
     after `&&`, `;` or environment assignments), ("inline", span) for each inline code span
     naming one; a command's output ("t2t check: error: ...") is neither."""
     found = []
-    for block in FENCE.findall(text):
+    for block in _blocks(text, skip=()):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             line = line.split(" #", 1)[0]
@@ -110,7 +117,7 @@ def _bindings_of(text):
     for _, command in _command_lines(text):
         _, bindings = cli.split_gin_bindings(_argv(command))
         found += bindings
-    for span in [*_inline(text), *"\n".join(FENCE.findall(text)).splitlines()]:
+    for span in [*_inline(text), *"\n".join(_blocks(text)).splitlines()]:
         match = BINDING.match(span.strip())
         if match:
             found.append(span.strip())

@@ -93,6 +93,90 @@ def add_chain(subparsers) -> None:
     parser.set_defaults(handler=handler)
 
 
+def _comma_list(text: str) -> list[str]:
+    """ "a, b,c" -> ["a", "b", "c"] (a flag's comma-separated names)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# `t2t study`'s flags: (name, add_argument keywords).
+_STUDY_FLAGS = (
+    (
+        "name",
+        dict(
+            nargs="?",
+            help="a study of gin/studies/ (without .gin); "
+            "--gin_file adds files after it, e.g. a profile of "
+            "gin/studies/profiles/ for the real benchmarks",
+        ),
+    ),
+    ("--study_dir", dict(help="where runs and results go (default: the file's STUDY_DIR)")),
+    ("--seeds", dict(type=ints, help="restarts, e.g. 0,1,2 (default: the file's)")),
+    (
+        "--pretrainings",
+        dict(
+            type=ints,
+            help="pretraining seeds, e.g. 0,1,2: each arm's shared stages trained once per seed, "
+            "each fine-tuned with every --seeds restart (default: the file's)",
+        ),
+    ),
+    (
+        "--arms",
+        dict(
+            type=_comma_list,
+            help="only these arms, comma-separated names (default: all the file's)",
+        ),
+    ),
+    (
+        "--print_commands",
+        dict(action="store_true", help="print every run's t2t train commands; train nothing"),
+    ),
+    (
+        "--plan",
+        dict(
+            metavar="STUDY_JSON",
+            nargs="?",
+            const="",
+            help="train nothing; print the grid's size and the wall time of what is left to train "
+            "(from the stages timed under --plan_timing); given a finished study's study.json, "
+            "also the seeds each pair of arms the paper scores needs, from that study's per-seed "
+            "spread",
+        ),
+    ),
+    (
+        "--plan_timing",
+        dict(
+            type=_comma_list,
+            default=[],
+            metavar="DIR[,DIR]",
+            help="with --plan: study directories whose finished stages (their chain.json) give the "
+            "seconds per step (default: the study's own directory and that of --plan's study)",
+        ),
+    ),
+    (
+        "--plan_arms",
+        dict(
+            type=_comma_list,
+            default=[],
+            help="with --plan: only these arms of the finished study give the spread "
+            "(comma-separated names; default: all of them)",
+        ),
+    ),
+    (
+        "--aggregate_only",
+        dict(action="store_true", help="train nothing; aggregate the runs that have results"),
+    ),
+    (
+        "--stage_gin",
+        dict(
+            action="append",
+            default=[],
+            metavar="BINDING",
+            help="a gin binding added to every stage of every run (repeatable)",
+        ),
+    ),
+)
+
+
 def add_study(subparsers) -> None:
     parser = subparsers.add_parser(
         "study",
@@ -104,116 +188,55 @@ def add_study(subparsers) -> None:
         "ordering beside the paper's, in study.md, study.json and study.png. Example: t2t study "
         "finetuning_methods --study_dir=runs/studies/finetuning_methods",
     )
-    parser.add_argument(
-        "name",
-        nargs="?",
-        help="a study of gin/studies/ (without .gin); "
-        "--gin_file adds files after it, e.g. a profile of "
-        "gin/studies/profiles/ for the real benchmarks",
-    )
-    parser.add_argument(
-        "--study_dir", help="where runs and results go (default: the file's STUDY_DIR)"
-    )
-    parser.add_argument("--seeds", type=ints, help="restarts, e.g. 0,1,2 (default: the file's)")
-    parser.add_argument(
-        "--pretrainings",
-        type=ints,
-        help="pretraining seeds, e.g. 0,1,2: each arm's shared stages trained once per seed, "
-        "each fine-tuned with every --seeds restart (default: the file's)",
-    )
-    parser.add_argument(
-        "--arms",
-        type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
-        help="only these arms, comma-separated names (default: all the file's)",
-    )
-    parser.add_argument(
-        "--print_commands",
-        action="store_true",
-        help="print every run's t2t train commands; train nothing",
-    )
-    parser.add_argument(
-        "--plan",
-        metavar="STUDY_JSON",
-        nargs="?",
-        const="",
-        help="train nothing; print the grid's size and the wall time of what is left to train "
-        "(from the stages timed under --plan_timing); given a finished study's study.json, "
-        "also the seeds each pair of arms the paper scores needs, from that study's per-seed "
-        "spread",
-    )
-    parser.add_argument(
-        "--plan_timing",
-        type=lambda s: [d.strip() for d in s.split(",") if d.strip()],
-        default=[],
-        metavar="DIR[,DIR]",
-        help="with --plan: study directories whose finished stages (their chain.json) give the "
-        "seconds per step (default: the study's own directory and that of --plan's study)",
-    )
-    parser.add_argument(
-        "--plan_arms",
-        type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
-        default=[],
-        help="with --plan: only these arms of the finished study give the spread "
-        "(comma-separated names; default: all of them)",
-    )
-    parser.add_argument(
-        "--aggregate_only",
-        action="store_true",
-        help="train nothing; aggregate the runs that have results",
-    )
-    parser.add_argument(
-        "--stage_gin",
-        action="append",
-        default=[],
-        metavar="BINDING",
-        help="a gin binding added to every stage of every run (repeatable)",
-    )
+    for name, keywords in _STUDY_FLAGS:
+        parser.add_argument(name, **keywords)
     add_gin_flags(parser)
+    parser.set_defaults(handler=_run_study)
 
-    def handler(args) -> None:
-        from t2t.studies import runner
 
-        if args.name:  # the study's file first; --gin_file ones (a profile) after it
-            args.gin_file = [_study_file(args.name), *args.gin_file]
-        if not args.gin_file:
-            raise ValueError(
-                "t2t study needs a study: a name from gin/studies/ (e.g. t2t study "
-                "finetuning_methods) or --gin_file=FILE."
+def _run_study(args) -> None:
+    """`t2t study`: the study file (and profiles) configured, the flags over its bindings."""
+    from t2t.studies import runner
+
+    if args.name:  # the study's file first; --gin_file ones (a profile) after it
+        args.gin_file = [_study_file(args.name), *args.gin_file]
+    if not args.gin_file:
+        raise ValueError(
+            "t2t study needs a study: a name from gin/studies/ (e.g. t2t study "
+            "finetuning_methods) or --gin_file=FILE."
+        )
+    configure(args)
+    overrides = {"print_commands": args.print_commands, "aggregate_only": args.aggregate_only}
+    if args.plan is not None:
+        overrides["plan"] = True
+        overrides["plan_timing"] = args.plan_timing
+    if args.plan:
+        from t2t import files
+
+        if not files.exists(args.plan) or files.isdir(args.plan):
+            raise UserError(
+                f"--plan needs a finished study's study.json; {args.plan!r} is not a file "
+                "(e.g. studies/results/builtin_tiny/pretraining/study.json)."
             )
-        configure(args)
-        overrides = {"print_commands": args.print_commands, "aggregate_only": args.aggregate_only}
-        if args.plan is not None:
-            overrides["plan"] = True
-            overrides["plan_timing"] = args.plan_timing
-        if args.plan:
-            from t2t import files
+        overrides["plan_from"] = args.plan
+        overrides["plan_arms"] = args.plan_arms
+    if args.study_dir:
+        overrides["study_dir"] = args.study_dir
+    if args.seeds:
+        overrides["seeds"] = args.seeds
+    if args.pretrainings:
+        overrides["pretrainings"] = args.pretrainings
+    if args.arms:
+        overrides["only_arms"] = args.arms
+    if args.stage_gin:
+        import gin
 
-            if not files.exists(args.plan) or files.isdir(args.plan):
-                raise UserError(
-                    f"--plan needs a finished study's study.json; {args.plan!r} is not a file "
-                    "(e.g. studies/results/builtin_tiny/pretraining/study.json)."
-                )
-            overrides["plan_from"] = args.plan
-            overrides["plan_arms"] = args.plan_arms
-        if args.study_dir:
-            overrides["study_dir"] = args.study_dir
-        if args.seeds:
-            overrides["seeds"] = args.seeds
-        if args.pretrainings:
-            overrides["pretrainings"] = args.pretrainings
-        if args.arms:
-            overrides["only_arms"] = args.arms
-        if args.stage_gin:
-            import gin
-
-            bound = gin.get_bindings("t2t.studies.run").get("bindings", ())
-            overrides["bindings"] = [*bound, *args.stage_gin]
-        paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
-        result = runner.run(search_paths=paths, **overrides)
-        if result is not None:
-            print(f"study written to {result['study_dir']}/study.md (and study.json, study.png)")
-
-    parser.set_defaults(handler=handler)
+        bound = gin.get_bindings("t2t.studies.run").get("bindings", ())
+        overrides["bindings"] = [*bound, *args.stage_gin]
+    paths = [p for item in args.gin_search_paths for p in item.split(",") if p]
+    result = runner.run(search_paths=paths, **overrides)
+    if result is not None:
+        print(f"study written to {result['study_dir']}/study.md (and study.json, study.png)")
 
 
 def _study_file(name: str) -> str:

@@ -4,7 +4,7 @@ file or task to a JSONL file of records."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import seqio
@@ -62,7 +62,6 @@ def infer(
       The number of records written.
     """
     from t2t.checkpoints import model_dir as model_dir_lib
-    from t2t.data import registry, vocab
 
     check_mode(mode)
     if (input_file is None) == (task is None):
@@ -73,59 +72,94 @@ def infer(
     predictor = Predictor(
         models.model_for(loaded.config), partitioner=partitioner, **predictor_options
     )
-    vocab_size = loaded.config.vocab_size
     if task is not None:
-        if bool(inputs_length) != bool(targets_length):
-            raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")
-        provider = registry.get_task_or_mixture(task)
-        registry.check_ready(provider)
-        registry.check_vocabulary_fits(
-            provider, vocab_size, fix="Infer on tasks tokenized with the model's vocabulary."
-        )
-        lengths = {"inputs": inputs_length, "targets": targets_length} if inputs_length else None
-        records = task_records(
+        records = _task_records(
             predictor,
             params,
+            loaded,
             task,
-            mode=mode,
-            split=split,
-            lengths=lengths,
-            num_examples=num_examples,
+            mode,
+            split,
+            inputs_length,
+            targets_length,
+            num_examples,
         )
-        return write_jsonl(output_file, records)
-    vocabulary = (
-        vocab.load_vocabulary(vocabulary_file)
-        if vocabulary_file
-        else _checkpoint_vocabulary(loaded, model_dir, checkpoints)
+    else:
+        vocabulary = _file_vocabulary(loaded, model_dir, checkpoints, vocabulary_file)
+        examples = read_examples(input_file)[:num_examples]
+        records = _file_records(
+            predictor, params, loaded, vocabulary, examples, mode, inputs_length, targets_length
+        )
+    return write_jsonl(output_file, records)
+
+
+def _task_records(
+    predictor, params, loaded, task, mode, split, inputs_length, targets_length, num_examples
+) -> Iterable[dict]:
+    """`infer`'s records of a registered task or mixture, checked readable offline and
+    tokenized within the model's vocabulary."""
+    from t2t.data import registry
+
+    if bool(inputs_length) != bool(targets_length):
+        raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")
+    provider = registry.get_task_or_mixture(task)
+    registry.check_ready(provider)
+    registry.check_vocabulary_fits(
+        provider,
+        loaded.config.vocab_size,
+        fix="Infer on tasks tokenized with the model's vocabulary.",
     )
-    if vocabulary_file and vocabulary.vocab_size > vocab_size:  # ids past the embedding: NaN
+    lengths = {"inputs": inputs_length, "targets": targets_length} if inputs_length else None
+    return task_records(
+        predictor,
+        params,
+        task,
+        mode=mode,
+        split=split,
+        lengths=lengths,
+        num_examples=num_examples,
+    )
+
+
+def _file_vocabulary(loaded, model_dir, checkpoints, vocabulary_file):
+    """The vocabulary of a file's examples: `vocabulary_file`, else the checkpoint's."""
+    from t2t.data import vocab
+
+    if not vocabulary_file:
+        return _checkpoint_vocabulary(loaded, model_dir, checkpoints)
+    vocabulary = vocab.load_vocabulary(vocabulary_file)
+    vocab_size = loaded.config.vocab_size
+    if vocabulary.vocab_size > vocab_size:  # ids past the embedding: NaN
         raise UserError(
             f"The vocabulary {vocabulary_file} has {vocabulary.vocab_size} ids but the model's "
             f"embedding only {vocab_size} rows. Pass the vocabulary the model was trained "
             "with (or none: its model directory carries it)."
         )
-    examples = read_examples(input_file)[:num_examples]
-    # Without lengths, cut to what the model trained on: one 100k-character line must not ask
-    # for an unbounded batch.
+    return vocabulary
+
+
+def _file_records(
+    predictor, params, loaded, vocabulary, examples, mode, inputs_length, targets_length
+) -> Iterable[dict]:
+    """`infer`'s records of a file's examples. Without lengths, texts are cut to what the model
+    trained on: one 100k-character line must not ask for an unbounded batch."""
     trained = loaded.metadata.get("task_feature_lengths") or {}
     inputs_length = inputs_length or int(trained.get("inputs") or DEFAULT_INPUTS_LENGTH)
     if mode == "predict":
         _note_cut(examples, vocabulary, inputs_length, None)
-        records = predict_examples(
+        return predict_examples(
             predictor, params, vocabulary, examples, inputs_length=inputs_length
         )
-    else:
-        targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
-        _note_cut(examples, vocabulary, inputs_length, targets_length)
-        records = score_examples(
-            predictor,
-            params,
-            vocabulary,
-            examples,
-            inputs_length=inputs_length,
-            targets_length=targets_length,
-        )
-    return write_jsonl(output_file, records)
+    targets_length = targets_length or int(trained.get("targets") or DEFAULT_INPUTS_LENGTH)
+    _note_cut(examples, vocabulary, inputs_length, targets_length)
+    return score_examples(
+        predictor,
+        params,
+        vocabulary,
+        examples,
+        inputs_length=inputs_length,
+        targets_length=targets_length,
+    )
 
 
 def _note_cut(examples, vocabulary, inputs_length: int, targets_length: int | None) -> None:

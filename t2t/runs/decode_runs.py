@@ -72,14 +72,7 @@ def evaluate(
         model_dirs={"--model_dir": model_dir, **_member_dirs(members)},
     )
     names = helpers.task_names(tasks, "evaluate")
-    choices = sum([step is not None, steps is not None, bool(all_steps)])
-    if choices > 1:
-        raise ValueError("Pass at most one of step, steps and all_steps.")
-    selection = (
-        "all"
-        if all_steps
-        else (list(steps) if steps is not None else None if step is None else [step])
-    )
+    selection = _step_selection(step, steps, all_steps)
     helpers.import_task_modules(modules, names)
     helpers.use_carried_vocabulary(model_dir, *members)
     if isinstance(rank_classification, str):
@@ -95,7 +88,7 @@ def evaluate(
         config=gin_decoding_config(decoding_config),
     )
     if checkpoints is not None:
-        if choices:
+        if selection is not None:
             raise ValueError(
                 "An ensemble names its members in checkpoints; drop step, steps and all_steps."
             )
@@ -117,6 +110,17 @@ def evaluate(
         log_predictions=log_predictions,
         **options,
     )
+
+
+def _step_selection(step, steps, all_steps) -> str | list[int] | None:
+    """`evaluate`'s checkpoints to read: "all", the steps given, or None (the latest)."""
+    if sum([step is not None, steps is not None, bool(all_steps)]) > 1:
+        raise ValueError("Pass at most one of step, steps and all_steps.")
+    if all_steps:
+        return "all"
+    if steps is not None:
+        return list(steps)
+    return None if step is None else [step]
 
 
 @gin.configurable(module="t2t.runs")

@@ -343,14 +343,8 @@ def run(
     _check_arms(arms)
     _check_tasks_and_seeds(tasks, seeds)
     claimed = None if claims is None else claims_lib.parse(claims, [a["name"] for a in arms])
-    if only_arms:
-        unknown = sorted(set(only_arms) - {a["name"] for a in arms})
-        if unknown:
-            raise ValueError(f"No arms {unknown} in the study; it has {[a['name'] for a in arms]}.")
-        arms = [a for a in arms if a["name"] in set(only_arms)]
+    arms = _chosen_arms(arms, only_arms)
     arm_names = [a["name"] for a in arms]
-    if len(set(arm_names)) != len(arm_names) or not arm_names:
-        raise ValueError(f"A study needs arms with distinct names, got {arm_names}.")
     replicas = _check_pretrainings(pretrainings)
     grid = [
         Cell(arm, task, int(seed), replica)
@@ -382,23 +376,12 @@ def run(
         return None
     if not aggregate_only:
         _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
-    scores, units, common = {}, {}, common_stages(arms)
-    reported = _reported_scores(study_dir) if aggregate_only else {}
-    for cell in grid:
-        run_id = restart_id(cell.seed, cell.pretraining)
-        score = _read_score(study_dir, cell)
-        if score is None and aggregate_only:  # runs launched one by one (print_commands)
-            score = _score_of_commands(study_dir, cell, bindings, task_feature_lengths, corpus)
-        if score is None:  # a committed study's report, its run directories not kept
-            score = reported.get((cell.arm["name"], cell.task, str(run_id)))
-        scores[(cell.arm["name"], cell.task, run_id)] = score
-        units.setdefault(cell.arm["name"], {})[run_id] = unit(
-            cell.arm, cell.seed, cell.pretraining, common
-        )
-    task_baselines = _baselines(study_dir, tasks)
+    scores, units = _scores_and_units(
+        grid, study_dir, aggregate_only, bindings, task_feature_lengths, corpus
+    )
     result = aggregate.aggregate(
         scores,
-        baselines=task_baselines,
+        baselines=_baselines(study_dir, tasks),
         baseline_arm=baseline_arm or arm_names[0],
         arms=arm_names,
         tasks=list(tasks),
@@ -416,6 +399,40 @@ def run(
         result["claims"] = claims_lib.evaluate(chosen, result)
     report.write(study_dir, result)
     return result
+
+
+def _chosen_arms(
+    arms: Sequence[Mapping[str, Any]], only_arms: Sequence[str]
+) -> list[Mapping[str, Any]]:
+    """The arms `only_arms` names (all when empty), in the file's order, checked distinct."""
+    if only_arms:
+        unknown = sorted(set(only_arms) - {a["name"] for a in arms})
+        if unknown:
+            raise ValueError(f"No arms {unknown} in the study; it has {[a['name'] for a in arms]}.")
+        arms = [a for a in arms if a["name"] in set(only_arms)]
+    names = [a["name"] for a in arms]
+    if len(set(names)) != len(names) or not names:
+        raise ValueError(f"A study needs arms with distinct names, got {names}.")
+    return list(arms)
+
+
+def _scores_and_units(grid, study_dir, aggregate_only, bindings, lengths, corpus):
+    """(arm, task, run) -> score of every cell (None where it has none), and arm -> run ->
+    its unit of replication (`unit`)."""
+    scores, units, common = {}, {}, common_stages([cell.arm for cell in grid])
+    reported = _reported_scores(study_dir) if aggregate_only else {}
+    for cell in grid:
+        run_id = restart_id(cell.seed, cell.pretraining)
+        score = _read_score(study_dir, cell)
+        if score is None and aggregate_only:  # runs launched one by one (print_commands)
+            score = _score_of_commands(study_dir, cell, bindings, lengths, corpus)
+        if score is None:  # a committed study's report, its run directories not kept
+            score = reported.get((cell.arm["name"], cell.task, str(run_id)))
+        scores[(cell.arm["name"], cell.task, run_id)] = score
+        units.setdefault(cell.arm["name"], {})[run_id] = unit(
+            cell.arm, cell.seed, cell.pretraining, common
+        )
+    return scores, units
 
 
 def _reported_scores(study_dir: str) -> dict[tuple[str, str, str], float]:
