@@ -281,81 +281,76 @@ def add_compile(subparsers) -> None:
         "plugin (pip install -e '.[cuda]'; no GPU needed)",
     )
     target.add_argument("--cpu_devices", type=int, help="compile for N CPU devices instead")
-    parser.add_argument(
-        "--device_memory_gib",
-        type=float,
-        help="with --cpu_devices: memory per device to check against",
-    )
-    parser.add_argument("--batch_size", type=int, help="global batch (default: the run's)")
-    parser.add_argument("--mesh_shape", type=ints, help="DATA,MODEL (default: the run's)")
-    parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
-    parser.add_argument("--num_microbatches", type=int)
-    parser.add_argument(
-        "--remat_policy", choices=("none", "full", "dots", "dots_with_no_batch_dims")
-    )
-    parser.add_argument(
-        "--scan_layers",
-        action="store_true",
-        default=None,
-        help="scan the layers (default: the model config's)",
-    )
-    parser.add_argument(
-        "--unroll_layers",
-        action="store_true",
-        default=None,
-        help="with --scan_layers: keep the stacked parameters, unroll the loop (default: the "
-        "model config's)",
-    )
-    parser.add_argument(
-        "--attention_impl",
-        choices=("auto", "xla", "cudnn", "flash"),
-        help="how attention is computed (default: the model config's, normally auto)",
-    )
-    parser.add_argument(
-        "--no_decode",
-        dest="decode",
-        action="store_false",
-        default=None,
-        help="compile the train step only",
-    )
-    parser.add_argument("--output_json", help="write the report there as JSON")
+    for name, keywords in _COMPILE_FLAGS:
+        parser.add_argument(name, **keywords)
     add_gin_flags(parser)
+    parser.set_defaults(handler=_run_compile)
 
-    def handler(args) -> int:
-        from t2t.aot import targets
 
-        if args.cpu_devices is not None:
-            targets.ensure_cpu_devices(args.cpu_devices)
-        elif targets.is_gpu_topology(args.topology):
-            targets.prepare_gpu_compile()
-        from t2t import runs
+# `t2t compile`'s flags besides its target: (name, add_argument keywords); each one given is
+# passed to `t2t.runs.compile_train` under its name, over the run's gin bindings.
+_COMPILE_FLAGS = (
+    (
+        "--device_memory_gib",
+        dict(type=float, help="with --cpu_devices: memory per device to check against"),
+    ),
+    ("--batch_size", dict(type=int, help="global batch (default: the run's)")),
+    ("--mesh_shape", dict(type=ints, help="DATA,MODEL (default: the run's)")),
+    ("--sharding_mode", dict(choices=("data_parallel", "tensor_parallel", "fsdp"))),
+    ("--num_microbatches", dict(type=int)),
+    ("--remat_policy", dict(choices=("none", "full", "dots", "dots_with_no_batch_dims"))),
+    (
+        "--scan_layers",
+        dict(
+            action="store_true", default=None, help="scan the layers (default: the model config's)"
+        ),
+    ),
+    (
+        "--unroll_layers",
+        dict(
+            action="store_true",
+            default=None,
+            help="with --scan_layers: keep the stacked parameters, unroll the loop (default: "
+            "the model config's)",
+        ),
+    ),
+    (
+        "--attention_impl",
+        dict(
+            choices=("auto", "xla", "cudnn", "flash"),
+            help="how attention is computed (default: the model config's, normally auto)",
+        ),
+    ),
+    (
+        "--no_decode",
+        dict(dest="decode", action="store_false", default=None, help="compile the train step only"),
+    ),
+    ("--output_json", dict(help="write the report there as JSON")),
+)
 
-        if not args.gin_file:
-            raise ValueError(
-                "t2t compile needs the run's --gin_file, e.g. "
-                "--gin_file=gin/experiments/t5_1_1_base_c4.gin"
-            )
-        configure(args, finalize=False)
-        names = (
-            "topology",
-            "cpu_devices",
-            "device_memory_gib",
-            "batch_size",
-            "mesh_shape",
-            "sharding_mode",
-            "num_microbatches",
-            "remat_policy",
-            "scan_layers",
-            "unroll_layers",
-            "attention_impl",
-            "decode",
-            "output_json",
+
+def _run_compile(args) -> int:
+    """`t2t compile`: the target's devices described before JAX starts, then the run's gin
+    files configured and `t2t.runs.compile_train` called with the flags given."""
+    from t2t.aot import targets
+
+    if args.cpu_devices is not None:
+        targets.ensure_cpu_devices(args.cpu_devices)
+    elif targets.is_gpu_topology(args.topology):
+        targets.prepare_gpu_compile()
+    from t2t import runs
+
+    if not args.gin_file:
+        raise ValueError(
+            "t2t compile needs the run's --gin_file, e.g. "
+            "--gin_file=gin/experiments/t5_1_1_base_c4.gin"
         )
-        kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-        report = runs.compile_train(**kwargs)
-        return 1 if report.fits is False else 0
-
-    parser.set_defaults(handler=handler)
+    configure(args, finalize=False)
+    names = ["topology", "cpu_devices"]
+    names += [keywords.get("dest", name[2:]) for name, keywords in _COMPILE_FLAGS]
+    kwargs = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    report = runs.compile_train(**kwargs)
+    return 1 if report.fits is False else 0
 
 
 def add_check(subparsers) -> None:
