@@ -22,8 +22,8 @@ of a HF or t2t checkpoint to fine-tune).
 
 Gin names are module-qualified as in Python (`@t2t.optim.inverse_sqrt()`,
 `t2t.runs.DataOptions.batch_size = 128`); the short names (`DataOptions.batch_size`) work too
-when unique. A training run's options are `train`'s arguments and three groups bound by field,
-`DataOptions`, `CheckpointOptions` and `EvalOptions` (`t2t.trainer.options`).
+when unique. A training run's options are `train`'s arguments and four groups bound by field,
+`DataOptions`, `CheckpointOptions`, `EvalOptions` and `LoopOptions` (`t2t.trainer.options`).
 Every argument of evaluate/infer/export/average can also come from the CLI's flags. A training
 run writes its operative gin config to `<model_dir>/config.gin` and the network's configuration
 to `<model_dir>/model_config.json`.
