@@ -103,8 +103,11 @@ def test_tfds_dataset_not_prepared_says_how_to_prepare_it(tmp_path, capsys):
     assert not (tfds_dir / "downloads").exists()  # nothing was downloaded
 
 
-def test_bugs_are_told_apart_from_bad_input(monkeypatch, capsys):
+def test_bugs_are_told_apart_from_bad_input(tmp_path, monkeypatch, capsys):
     from t2t import runs
+
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("x")  # a model directory, as far as the CLI's own check goes
 
     def library_error(**kwargs):
         np.zeros(3).reshape(2, 2)  # a ValueError raised inside NumPy: not a message for users

@@ -86,7 +86,9 @@ def check_model_dir(args) -> None:
     from t2t.errors import UserError
 
     directory = getattr(args, "model_dir", None)
-    if directory and "://" not in directory and not os.path.isdir(directory):  # local path
+    if not directory or "://" in directory:
+        return
+    if not os.path.isdir(directory):  # local path: checked before TensorFlow loads
         raise UserError(
             f"--model_dir {directory} is not a directory: give the model directory a run "
             "trained in (its MODEL_DIR), which holds checkpoints/."

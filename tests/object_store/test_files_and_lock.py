@@ -181,9 +181,9 @@ def test_a_store_failure_the_clients_gave_up_on_is_a_message_not_a_bug(
     t2t says the store failed and that nothing reported saved was lost, exit 2."""
     import tensorflow as tf
 
-    from t2t.runs import train_run
+    from t2t.trainer import loop
 
-    def store_gives_up(run):
+    def store_gives_up(trainer, num_steps):
         raise tf.errors.UnavailableError(
             None,
             None,
@@ -192,7 +192,7 @@ def test_a_store_failure_the_clients_gave_up_on_is_a_message_not_a_bug(
             f"code 503 when uploading {bucket_dir}/run/checkpoints/3/data_iterator",
         )
 
-    monkeypatch.setattr(train_run, "_train", store_gives_up)
+    monkeypatch.setattr(loop.Trainer, "train", store_gives_up)
     assert cli.main(train_argv(f"{bucket_dir}/run", 3)) == 2
     err = capsys.readouterr().err
     assert "t2t train: error: the object store failed: All 10 retry attempts failed." in err

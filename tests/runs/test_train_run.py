@@ -26,7 +26,7 @@ SMALL = [  # a smaller network and batch than the demo's, same data and objectiv
     "t2t.nn.get_preset.num_decoder_layers = 1",
     "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 16}",
     "BATCH_SIZE = 8",
-    "t2t.runs.train.progress = False",
+    "t2t.runs.LoopOptions.progress = False",
     "t2t.runs.EvalOptions.num_predictions = 0",
 ]
 
@@ -143,7 +143,7 @@ def test_finetune_from_the_demo_reports_the_task_metric(tmp_path, monkeypatch):
             "BATCH_SIZE = 8",
             "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 8}",
             "t2t.runs.EvalOptions.every = 4",
-            "t2t.runs.train.progress = False",
+            "t2t.runs.LoopOptions.progress = False",
             "t2t.runs.EvalOptions.num_predictions = 2",
             "t2t.runs.seqio_evaluator.num_examples = 16",
         ],

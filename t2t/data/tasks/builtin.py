@@ -256,7 +256,8 @@ def vocabulary(cache_dir: str | None = None) -> seqio.SentencePieceVocabulary:
     ids, the tiny preset's `vocab_size`), built under `cache_dir` (default `$T2T_CACHE_DIR`)
     the first time it is read, offline: the vocabulary for your own tasks on a machine
     without network, where seqio's default (T5's, on gs://) cannot be read."""
-    return CorpusVocabulary(os.path.abspath(cache_dir or cache.cache_root()))  # local path
+    root = os.path.abspath(cache_dir or cache.cache_root())  # local path: corpus cache
+    return CorpusVocabulary(root)
 
 
 def register(cache_dir: str | None = None) -> list[str]:
