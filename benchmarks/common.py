@@ -38,31 +38,58 @@ def wall_times(runners: dict, repeats: int) -> dict[str, list[float]]:
     return {name: t["wall_s"] for name, t in interleaved_times(runners, repeats).items()}
 
 
+# T5-small (v1.0, docs/spec.md section 1) as HF's `T5Config` fields.
+T5_SMALL = dict(
+    vocab_size=32128,
+    d_model=512,
+    d_ff=2048,
+    d_kv=64,
+    num_heads=8,
+    num_layers=6,
+    feed_forward_proj="relu",
+    tie_word_embeddings=True,
+)
+
+
+def hf_t5_config(**fields):
+    """A HF `T5Config` with T5's special ids (padding 0, also the decoder's start; EOS 1) and
+    `fields` (e.g. `**T5_SMALL, dropout_rate=0.0`)."""
+    from transformers import T5Config
+
+    return T5Config(decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **fields)
+
+
+def hf_t5_adafactor(parameters):
+    """The peer's optimizer: T5's Adafactor as HF transformers has it (beta2_t = 1 - t^-0.8, RMS
+    clipping at 1, step lr * max(1e-3, RMS(param)) with lr = min(0.01, 1/sqrt(t)), T5's
+    inverse-square-root schedule; no momentum, no weight decay)."""
+    from transformers.optimization import Adafactor
+
+    return Adafactor(
+        parameters,
+        lr=None,
+        relative_step=True,
+        scale_parameter=True,
+        warmup_init=False,
+        decay_rate=-0.8,
+        clip_threshold=1.0,
+        beta1=None,
+        weight_decay=0.0,
+    )
+
+
 def t5_small_pair(seed: int = 0):
     """HF T5-small (v1.0) with random weights, and the t2t model and params with the same
     weights: (torch model, t2t model wrapper, t2t params)."""
     import jax
     import torch
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import T5ForConditionalGeneration
 
     from t2t import models
     from t2t.checkpoints import hf
 
     torch.manual_seed(seed)
-    config = T5Config(  # T5-small, v1.0 (docs/spec.md section 1).
-        vocab_size=32128,
-        d_model=512,
-        d_ff=2048,
-        d_kv=64,
-        num_heads=8,
-        num_layers=6,
-        feed_forward_proj="relu",
-        tie_word_embeddings=True,
-        dropout_rate=0.0,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
+    config = hf_t5_config(**T5_SMALL, dropout_rate=0.0)
     torch_model = T5ForConditionalGeneration(config).eval()
     tensors = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
     t2t_config = hf.config_from_hf(config.to_dict())

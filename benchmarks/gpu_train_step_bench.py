@@ -632,35 +632,24 @@ def run_sites(job: dict, smoke: bool) -> dict:
 def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
     import torch
     import transformers
-    from transformers import T5Config, T5ForConditionalGeneration
-    from transformers.optimization import Adafactor
+    from transformers import T5ForConditionalGeneration
+
+    sys.path.insert(0, HERE)
+    import common
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    config = T5Config(
+    config = common.hf_t5_config(
         vocab_size=2048 if smoke else VOCAB,
         d_kv=64 if not smoke else 32,
         feed_forward_proj="gated-gelu",
         tie_word_embeddings=False,
         dropout_rate=0.0,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
         **HF_SHAPES[job["preset"]],
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = T5ForConditionalGeneration(config).to(device).train()
-    optimizer = Adafactor(
-        model.parameters(),
-        lr=None,
-        relative_step=True,
-        scale_parameter=True,
-        warmup_init=False,
-        decay_rate=-0.8,
-        clip_threshold=1.0,
-        beta1=None,
-        weight_decay=0.0,
-    )
+    optimizer = common.hf_t5_adafactor(model.parameters())
     forward = torch.compile(model) if job.get("compile") else model
     inputs, targets = _batch(job["batch"], smoke)
     inputs = torch.as_tensor(inputs, dtype=torch.long, device=device)

@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+from common import T5_SMALL, hf_t5_adafactor, hf_t5_config
+
 BATCH, INPUT_LENGTH, TARGET_LENGTH = 8, 512, 114
 TOKENS_PER_STEP = BATCH * (INPUT_LENGTH + TARGET_LENGTH)
 TORCH_THREADS = 2
@@ -47,22 +49,7 @@ RESULT_PREFIX = "RESULT "
 
 def hf_config():
     """T5-small (v1.0) as a HF `T5Config`."""
-    from transformers import T5Config
-
-    return T5Config(
-        vocab_size=32128,
-        d_model=512,
-        d_ff=2048,
-        d_kv=64,
-        num_heads=8,
-        num_layers=6,
-        feed_forward_proj="relu",
-        tie_word_embeddings=True,
-        dropout_rate=DROPOUT,
-        decoder_start_token_id=0,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
+    return hf_t5_config(**T5_SMALL, dropout_rate=DROPOUT)
 
 
 def make_batch():
@@ -308,7 +295,6 @@ def hf_worker(args) -> dict:
     import numpy as np
     import torch
     from transformers import T5ForConditionalGeneration
-    from transformers.optimization import Adafactor
 
     torch.set_num_threads(TORCH_THREADS)
     model = T5ForConditionalGeneration(hf_config())
@@ -322,17 +308,7 @@ def hf_worker(args) -> dict:
             model.eval()(input_ids=inputs, attention_mask=mask, labels=targets).loss
         )
     model.train()
-    optimizer = Adafactor(
-        model.parameters(),
-        lr=None,
-        relative_step=True,
-        scale_parameter=True,
-        warmup_init=False,
-        decay_rate=-0.8,
-        clip_threshold=1.0,
-        beta1=None,
-        weight_decay=0.0,
-    )
+    optimizer = hf_t5_adafactor(model.parameters())
     parts = {"forward": [], "backward": [], "optimizer": []}
     losses = []
 

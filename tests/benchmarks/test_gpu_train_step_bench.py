@@ -36,3 +36,11 @@ def test_the_t2t_side_times_the_step_and_predicts_it(tmp_path):
         prediction["step_seconds"] / result["median_seconds"] - 1
     )
     assert result["measured_rates"]["bytes_per_second"] > 0
+
+
+def test_the_hf_side_trains_the_same_shapes_with_the_shared_peer_setup():
+    """The peer (HF T5 with `common.hf_t5_config` and `common.hf_t5_adafactor`) on the CPU, at
+    the tiny shape: the job's steps run and its loss is finite."""
+    result = bench.run_hf({"kind": "hf", "preset": "tiny", "batch": 2}, 1, 1, True)
+    assert result["side"] == "hf" and math.isfinite(result["loss"])
+    assert len(result["step_seconds"]) == 3 and len(result["blocked_step_seconds"]) == 1
