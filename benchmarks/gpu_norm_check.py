@@ -97,16 +97,16 @@ def directions(shape, interpret: bool):
         return s, norm(s, scale, dtype)
 
     def pallas_forward(x, delta, scale):
-        return norm_kernels._forward(x, delta, scale, EPSILON, dtype, interpret)[0]
+        return norm_kernels.forward(x, delta, scale, EPSILON, dtype, interpret)[0]
 
-    (s, _), residuals = norm_kernels._forward(x, delta, scale, EPSILON, dtype, interpret)
+    (s, _), residuals = norm_kernels.forward(x, delta, scale, EPSILON, dtype, interpret)
     _, xla_pullback = jax.vjp(xla_forward, x, delta, scale)
 
     def xla_backward(pullback, ds, dy):
         return pullback((ds, dy))
 
     def pallas_backward(residuals, ds, dy):
-        return norm_kernels._backward(residuals, (ds, dy), interpret)
+        return norm_kernels.backward(residuals, (ds, dy), interpret)
 
     return {
         "forward": (pallas_forward, xla_forward, (x, delta, scale), (x, delta, scale), 4 * size),

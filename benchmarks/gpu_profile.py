@@ -297,7 +297,7 @@ def kernel_inventory(hlo_text: str) -> dict:
             if op in _NO_KERNEL:
                 continue
             if op == "while":
-                trips = cost_model._trip_count(module, instruction) or 1
+                trips = cost_model.trip_count(module, instruction) or 1
                 walk(instruction.called["body"], runs * trips, stack + (name,))
                 continue
             if op in ("call", "async-start") or (

@@ -278,7 +278,7 @@ def _result_bytes(fused: hlo.Computation, shape: str, in_place: set[str]) -> flo
     return total
 
 
-def _trip_count(module: hlo.Module, loop: hlo.Instruction) -> int | None:
+def trip_count(module: hlo.Module, loop: hlo.Instruction) -> int | None:
     known = loop.known_trip_count
     if known is not None:
         return known
@@ -306,7 +306,7 @@ def _walk(module: hlo.Module, name: str, runs: int, traffic: Traffic, stack: tup
         if op in _FREE:
             continue
         if op == "while":
-            trips = _trip_count(module, instruction)
+            trips = trip_count(module, instruction)
             if trips is None:
                 trips = 1
                 traffic.not_modeled.append(

@@ -98,7 +98,9 @@ def _call(kernel, direction, out_shape, rows: int, interpret: bool, width: int, 
     )
 
 
-def _forward(x, delta, scale, epsilon, dtype, interpret):
+def forward(x, delta, scale, epsilon, dtype, interpret):
+    """The forward kernel alone: ((x + delta, its RMS norm), residuals for `backward`); public
+    so benchmarks time each direction (`benchmarks/gpu_norm_check.py`)."""
     width = x.shape[-1]
     flat = x.reshape(-1, width)
     rows = flat.shape[0]
@@ -119,7 +121,9 @@ def _forward(x, delta, scale, epsilon, dtype, interpret):
     return (s, y.reshape(x.shape)), (s, r, scale)
 
 
-def _backward(residuals, cotangents, interpret):
+def backward(residuals, cotangents, interpret):
+    """The backward kernel alone: (d(x + delta), d scale) from `forward`'s residuals and the
+    cotangents of its two outputs."""
     s, r, scale = residuals
     ds, dy = cotangents
     width = s.shape[-1]
@@ -155,16 +159,16 @@ def add_rms_norm(x, delta, scale, epsilon: float, dtype, interpret: bool = False
     Returns:
       `(s, y)`.
     """
-    return _forward(x, delta, scale, epsilon, dtype, interpret)[0]
+    return forward(x, delta, scale, epsilon, dtype, interpret)[0]
 
 
 def _add_backward(epsilon, dtype, interpret, residuals, cotangents):
-    dx, dscale = _backward(residuals, cotangents, interpret)
+    dx, dscale = backward(residuals, cotangents, interpret)
     return dx, dx, dscale  # s = x + delta: one gradient for both
 
 
 add_rms_norm.defvjp(
-    lambda x, delta, scale, epsilon, dtype, interpret: _forward(
+    lambda x, delta, scale, epsilon, dtype, interpret: forward(
         x, delta, scale, epsilon, dtype, interpret
     ),
     _add_backward,
@@ -175,14 +179,14 @@ add_rms_norm.defvjp(
 def rms_norm_residual(x, scale, epsilon: float, dtype, interpret: bool = False):
     """`(x, norm(x))`, `add_rms_norm` without the add: the residual stream passes through, so
     its gradient joins the norm's in the backward kernel."""
-    return _forward(x, None, scale, epsilon, dtype, interpret)[0]
+    return forward(x, None, scale, epsilon, dtype, interpret)[0]
 
 
 def _residual_backward(epsilon, dtype, interpret, residuals, cotangents):
-    return _backward(residuals, cotangents, interpret)
+    return backward(residuals, cotangents, interpret)
 
 
 rms_norm_residual.defvjp(
-    lambda x, scale, epsilon, dtype, interpret: _forward(x, None, scale, epsilon, dtype, interpret),
+    lambda x, scale, epsilon, dtype, interpret: forward(x, None, scale, epsilon, dtype, interpret),
     _residual_backward,
 )
