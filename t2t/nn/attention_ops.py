@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,86 @@ def flash_unsupported(
     return None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Call:
+    """One attention call as `choose` sees it."""
+
+    platform: str
+    dtype: str
+    head_dim: int
+    causal: bool
+    dropout: bool
+    per_row_bias: bool
+    lengths: tuple[int, int] | None
+    prefix_or_dense: bool
+
+    @property
+    def untileable(self) -> bool:
+        return self.lengths is not None and any(n % _FLASH_BLOCK for n in self.lengths)
+
+
+def _cudnn_reason(call: _Call) -> str | None:
+    return cudnn_unsupported(
+        platform=call.platform,
+        dtype=call.dtype,
+        head_dim=call.head_dim,
+        dropout=call.dropout,
+        per_row_bias=call.per_row_bias,
+    )
+
+
+def _flash_reason(call: _Call) -> str | None:
+    return flash_unsupported(
+        platform=call.platform,
+        lengths=call.lengths,
+        dropout=call.dropout,
+        per_row_bias=call.per_row_bias,
+        prefix_or_dense=call.prefix_or_dense,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+    """What a fused kernel takes, and what it leaves to XLA when it is asked for by name."""
+
+    cannot_run: Callable[[_Call], str | None]
+    """Why the kernel cannot take a call (None: it can)."""
+    left_to_xla: Callable[[_Call], bool]
+    """Calls it cannot take that every run of its kind has, run on XLA without a word; any
+    other call it cannot take is an error naming the reason."""
+    instead: str
+    """What the error suggests instead."""
+
+
+# `choose`'s table: each fused kernel, what it takes, and where it falls back.
+_KERNELS = {
+    "cudnn": _Kernel(
+        _cudnn_reason,
+        lambda call: call.per_row_bias,  # decoding steps
+        "attention_impl='auto' (cuDNN where it can run, XLA elsewhere) or 'xla'",
+    ),
+    "flash": _Kernel(
+        _flash_reason,
+        lambda call: (  # on a TPU: decoding steps, prefix LMs, 114 targets
+            call.platform == "tpu"
+            and not call.dropout
+            and (call.per_row_bias or call.prefix_or_dense or call.untileable)
+        ),
+        "attention_impl='auto' or 'xla'",
+    ),
+}
+
+
+def _auto(call: _Call) -> str:
+    """`auto`'s pick: on TPUs flash where it can run and pays (`_flash_pays`); on GPUs cuDNN
+    where it can run, for attention that is not causal and not a decoding step's one query;
+    XLA everywhere else."""
+    if call.platform == "tpu":
+        return "flash" if _flash_pays(call) else "xla"
+    one_query = call.lengths is not None and call.lengths[0] == 1
+    return "cudnn" if _cudnn_reason(call) is None and not call.causal and not one_query else "xla"
+
+
 def choose(
     requested: str,
     *,
@@ -128,7 +209,8 @@ def choose(
     lengths: tuple[int, int] | None = None,
     prefix_or_dense: bool = False,
 ) -> str:
-    """The implementation one attention call runs: `requested`, or `auto`'s pick.
+    """The implementation one attention call runs: `requested`, or `auto`'s pick (`_auto`),
+    or XLA where the requested kernel leaves the call to it (`_KERNELS`).
 
     Raises:
       ValueError: `requested` is unknown, or is "cudnn" or "flash" where that kernel cannot
@@ -137,60 +219,37 @@ def choose(
     """
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f"attention_impl must be one of {IMPLEMENTATIONS}, got {requested!r}.")
-    reason = cudnn_unsupported(
+    call = _Call(
         platform=platform,
         dtype=dtype,
         head_dim=head_dim,
+        causal=causal,
         dropout=dropout,
         per_row_bias=per_row_bias,
-    )
-    if requested == "cudnn":
-        if reason is not None and not per_row_bias:
-            raise ValueError(
-                f"attention_impl='cudnn' cannot run here: {reason}. Use attention_impl='auto' "
-                "(cuDNN where it can run, XLA elsewhere) or 'xla'."
-            )
-        return "xla" if per_row_bias else "cudnn"
-    if requested == "flash":
-        flash_reason = flash_unsupported(
-            platform=platform,
-            lengths=lengths,
-            dropout=dropout,
-            per_row_bias=per_row_bias,
-            prefix_or_dense=prefix_or_dense,
-        )
-        if flash_reason is None:
-            return "flash"
-        untileable = lengths is not None and any(n % _FLASH_BLOCK for n in lengths)
-        if platform == "tpu" and not dropout and (per_row_bias or prefix_or_dense or untileable):
-            return "xla"  # sites flash cannot take: decoding steps, prefix LMs, 114 targets
-        raise ValueError(
-            f"attention_impl='flash' cannot run here: {flash_reason}. Use attention_impl='auto' "
-            "or 'xla'."
-        )
-    if requested == "auto":
-        if platform == "tpu":
-            return (
-                "flash" if _flash_pays(lengths, dropout, per_row_bias, prefix_or_dense) else "xla"
-            )
-        one_query = lengths is not None and lengths[0] == 1  # a decoding step's cross-attention
-        return "cudnn" if reason is None and not causal and not one_query else "xla"
-    return requested
-
-
-def _flash_pays(lengths, dropout, per_row_bias, prefix_or_dense) -> bool:
-    """Whether `auto` runs Pallas flash attention on a TPU: where it can, for keys at least
-    `FLASH_AUTO_MIN_LENGTH` long (measured by compiling, `benchmarks/tpu_attention_compile.py`)."""
-    if lengths is None or lengths[1] < FLASH_AUTO_MIN_LENGTH:
-        return False
-    reason = flash_unsupported(
-        platform="tpu",
         lengths=lengths,
-        dropout=dropout,
-        per_row_bias=per_row_bias,
         prefix_or_dense=prefix_or_dense,
     )
-    return reason is None
+    if requested == "auto":
+        return _auto(call)
+    kernel = _KERNELS.get(requested)
+    if kernel is None:
+        return requested  # xla
+    reason = kernel.cannot_run(call)
+    if reason is None:
+        return requested
+    if kernel.left_to_xla(call):
+        return "xla"
+    raise ValueError(
+        f"attention_impl={requested!r} cannot run here: {reason}. Use {kernel.instead}."
+    )
+
+
+def _flash_pays(call: _Call) -> bool:
+    """Whether `auto` runs Pallas flash attention on a TPU: where it can, for keys at least
+    `FLASH_AUTO_MIN_LENGTH` long (measured by compiling, `benchmarks/tpu_attention_compile.py`)."""
+    if call.lengths is None or call.lengths[1] < FLASH_AUTO_MIN_LENGTH:
+        return False
+    return _flash_reason(call) is None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
