@@ -56,7 +56,8 @@ def committed_rates() -> dict | None:
         flops = 14 * unit * 512 + 14 * unit * 114
         seconds = (encoder["cudnn"]["ms"] + cross["cudnn"]["ms"]) / 1e3
         rates["attention_flops_per_second"] = flops / seconds
-        rates["attention_rate_from"] = "sites job, batch 128, a quarter of the keys padding"
+        padding = sites.get("padding", "every row's last quarter of keys padding")
+        rates["attention_rate_from"] = f"sites job, batch {sites['batch']}, {padding}"
     return rates
 
 

@@ -13,36 +13,10 @@ tokens of random ids (no padding), dropout off, Adafactor, one optimizer step pe
   parameters), `transformers.optimization.Adafactor` with T5's settings, TF32 allowed; eager and
   `torch.compile(model)` (what nanoT5 runs).
 
-Jobs run in priority order, each in its own process, until the time budget is spent (a job that
-would not fit is skipped and listed); results are written after every job, so a cut-off run
-keeps what it measured:
-
- 1. `check`: cuDNN against XLA attention in a 2-layer T5.1.1-base-shaped network: loss and every
-    gradient (the relative position tables' included), unpacked and packed rows.
- 2. t2t base at 128, profiled (kernel time by kind from a trace, and the non-matmul kernels'
-    time by the line of t2t that made them, `gpu_profile.by_source`) and with the cost model's
-    prediction (`t2t.aot.cost_model`, at the chip's measured matmul rate, copy bandwidth and
-    cuDNN attention rate);
-    the trace and the optimized program are written beside the results.
- 3. HF + torch.compile base at 128.   4. t2t base at 64 with the prediction.
- 5. t2t base at 128 with `attention_impl="xla"`.
- 6. `sites`: each attention site alone, forward + backward, XLA vs cuDNN.
- 7. t2t large at 128.   8. HF eager base at 64.   9. t2t base at 256 (the largest batch tried).
-    Jobs 7 and 9 let JAX take 92% of the GPU's memory: they need more than its default 75%.
-10. HF + torch.compile base at 64.   11. HF + torch.compile large at 128.
-12. t2t base at 128 with scanned layers (Adafactor on stacked parameters: fewer, larger kernels).
-13. t2t base at 128 with `attention_impl="cudnn"` (the causal decoder on cuDNN too).
-14. t2t base at 128 with `JAX_THREEFRY_GPU_KERNEL_LOWERING=1` (the same random numbers from one
-    CUDA kernel: does the parameter init compile faster? A job's setup took 120 s on the H100).
-15. t2t base at 128 with `norm_impl="pallas"` (the residual adds and norms as Pallas kernels,
-    `t2t.nn.norm_kernels`), with the prediction; its loss should match job 2's.
-16. t2t base at 128 with the t2t package found under `$BASELINE_CODE` (an earlier commit's,
-    e.g. `git archive <commit> t2t | tar -x -C .baseline`): the same-call baseline of a change.
-17. t2t base at 128 with stacked parameters and unrolled layers (`unroll_layers`), profiled.
-18. t2t base at 128, `unroll_layers` and `norm_impl="pallas"` with the rows per program and
-    warps in `$NORM_BLOCKS` (JSON, the last line of `gpu_norm_check.py --sweep`), profiled.
-19. t2t base at 128, nothing else (job 2 without its profile and prediction).
-`--jobs` runs a subset in the order given.
+Jobs run in priority order (`JOBS`, each with what it shows; `--list` prints them numbered), each
+in its own process, until the time budget is spent (a job that would not fit is skipped and
+listed); results are written after every job, so a cut-off run keeps what it measured. `--jobs`
+runs a subset in the order given.
 
 Step time is the median over 3 windows of steps dispatched back to back with one wait at the end
 of each (as t2t's trainer runs, which fetches metrics every few steps, and as PyTorch queues its
@@ -60,6 +34,7 @@ imports carry no gin, seqio or TensorFlow.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import importlib.util
 import json
@@ -88,105 +63,75 @@ HF_SHAPES = {
     "t5_1_1_large": dict(d_model=1024, d_ff=2816, num_heads=16, num_layers=24),
     "tiny": dict(d_model=128, d_ff=512, num_heads=4, num_layers=2),
 }
-# (job, seconds it is expected to take on an H100, including the process start and compile).
+
+
+def _t2t(preset: str = "t5_1_1_base", batch: int = 128, **extra) -> dict:
+    return {"kind": "t2t", "preset": preset, "batch": batch, **extra}
+
+
+def _hf(preset: str = "t5_1_1_base", batch: int = 128, compile: bool = True) -> dict:
+    return {"kind": "hf", "preset": preset, "batch": batch, "compile": compile}
+
+
+# JAX's default 75% of the GPU's memory is too little for these (gpu_deviceless.py plans T5.1.1-
+# large at 128 at 58.5 GiB of temporaries, base at 256 at 61.6 GB, besides the arguments).
+MORE_MEMORY = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"}
+UNROLLED = dict(scan_layers=True, unroll_layers=True)
+# (job, seconds it is expected to take on an H100 including the process start and compile, what
+# it shows). The numbers of `--jobs` and of benchmarks/README.md are positions in this list.
 JOBS = [
-    ({"kind": "check"}, 60),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "profile": True, "predict": True}, 90),
-    ({"kind": "hf", "preset": "t5_1_1_base", "batch": 128, "compile": True}, 150),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 64, "predict": True}, 60),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "attention_impl": "xla"}, 60),
-    ({"kind": "sites", "preset": "t5_1_1_base", "batch": 128}, 50),
-    # T5.1.1-large at 128 plans 58.5 GiB of temporaries (gpu_deviceless.py --preset
-    # t5_1_1_large): past JAX's default 75% of an H100 with its 2.9 GiB of arguments.
+    ({"kind": "check"}, 60, "the shipped check of cuDNN attention against the formula"),
     (
-        {
-            "kind": "t2t",
-            "preset": "t5_1_1_large",
-            "batch": 128,
-            "env": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"},
-        },
-        120,
+        _t2t(profile=True, predict=True),
+        90,
+        "t2t base at 128, profiled (kernel time by kind, and the non-matmul kernels' time by the "
+        "line of t2t that made them) with the cost model's prediction at the chip's measured "
+        "rates; the trace and the optimized program are written beside the results",
     ),
-    ({"kind": "hf", "preset": "t5_1_1_base", "batch": 64, "compile": False}, 40),
-    # Compiled for an H100 without one (gpu_deviceless.py --batch 256), batch 256 plans 61.6 GB
-    # of temporaries: past JAX's default 75% of the GPU's memory with the arguments; 92% here.
+    (_hf(), 150, "HF + torch.compile base at 128"),
+    (_t2t(batch=64, predict=True), 60, "t2t base at 64 with the prediction"),
+    (_t2t(attention_impl="xla"), 60, "t2t base at 128, attention on XLA"),
+    ({"kind": "sites", "preset": "t5_1_1_base", "batch": 128}, 50, "each site, XLA vs cuDNN"),
+    (_t2t("t5_1_1_large", env=MORE_MEMORY), 120, "t2t large at 128"),
+    (_hf(batch=64, compile=False), 40, "HF eager base at 64"),
+    (_t2t(batch=256, env=MORE_MEMORY), 80, "t2t base at 256 (the largest batch tried)"),
+    (_hf(batch=64), 120, "HF + torch.compile base at 64"),
+    (_hf("t5_1_1_large"), 200, "HF + torch.compile large at 128"),
+    (_t2t(scan_layers=True), 70, "scanned layers: Adafactor on stacked parameters"),
+    (_t2t(attention_impl="cudnn"), 70, "attention_impl='cudnn': the causal decoder on cuDNN too"),
     (
-        {
-            "kind": "t2t",
-            "preset": "t5_1_1_base",
-            "batch": 256,
-            "env": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.92"},
-        },
-        80,
-    ),
-    ({"kind": "hf", "preset": "t5_1_1_base", "batch": 64, "compile": True}, 120),
-    ({"kind": "hf", "preset": "t5_1_1_large", "batch": 128, "compile": True}, 200),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "scan_layers": True}, 70),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "attention_impl": "cudnn"}, 70),
-    # Same values, threefry as one CUDA kernel: fewer kernels for XLA to compile at init.
-    (
-        {
-            "kind": "t2t",
-            "preset": "t5_1_1_base",
-            "batch": 128,
-            "env": {"JAX_THREEFRY_GPU_KERNEL_LOWERING": "1"},
-        },
+        _t2t(env={"JAX_THREEFRY_GPU_KERNEL_LOWERING": "1"}),
         70,
+        "threefry as one CUDA kernel (the same random numbers): does the init compile faster?",
     ),
-    # The residual adds and norms as Pallas kernels: the step, and the cost model's prediction.
     (
-        {
-            "kind": "t2t",
-            "preset": "t5_1_1_base",
-            "batch": 128,
-            "norm_impl": "pallas",
-            "predict": True,
-        },
+        _t2t(norm_impl="pallas", predict=True),
         80,
-    ),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128, "code": "$BASELINE_CODE"}, 80),
-    (
-        {
-            "kind": "t2t",
-            "preset": "t5_1_1_base",
-            "batch": 128,
-            "scan_layers": True,
-            "unroll_layers": True,
-            "profile": True,
-        },
-        90,
+        "the residual adds and norms as Pallas kernels (t2t.nn.norm_kernels), with the "
+        "prediction; its loss should match job 2's",
     ),
     (
-        {
-            "kind": "t2t",
-            "preset": "t5_1_1_base",
-            "batch": 128,
-            "scan_layers": True,
-            "unroll_layers": True,
-            "norm_impl": "pallas",
-            "profile": True,
-        },
-        90,
+        _t2t(code="$BASELINE_CODE"),
+        80,
+        "the t2t package under $BASELINE_CODE (e.g. `git archive <commit> t2t | tar -x -C "
+        ".baseline`): the same-call baseline of a change",
     ),
-    ({"kind": "t2t", "preset": "t5_1_1_base", "batch": 128}, 70),
+    (_t2t(**UNROLLED, profile=True), 90, "stacked parameters, unrolled layers, profiled"),
+    (
+        _t2t(**UNROLLED, norm_impl="pallas", profile=True),
+        90,
+        "unrolled, Pallas norms with the rows per program and warps in $NORM_BLOCKS (the last "
+        "line of gpu_norm_check.py --sweep), profiled",
+    ),
+    (_t2t(), 70, "t2t base at 128, nothing else (job 2 without its profile and prediction)"),
 ]
 SMOKE_JOBS = [
-    ({"kind": "check", "preset": "tiny"}, 60),
-    ({"kind": "t2t", "preset": "tiny", "batch": 2, "profile": True, "predict": True}, 60),
-    ({"kind": "hf", "preset": "tiny", "batch": 2, "compile": False}, 60),
-    ({"kind": "sites", "preset": "tiny", "batch": 2}, 60),
-    (
-        {
-            "kind": "t2t",
-            "preset": "tiny",
-            "batch": 2,
-            "scan_layers": True,
-            "unroll_layers": True,
-            "norm_impl": "pallas",
-        },
-        60,
-    ),
-    ({"kind": "t2t", "preset": "tiny", "batch": 2, "code": "$BASELINE_CODE"}, 60),
+    ({"kind": "check", "preset": "tiny"}, 60, "the check"),
+    (_t2t("tiny", 2, profile=True, predict=True), 60, "t2t, profiled and predicted"),
+    (_hf("tiny", 2, compile=False), 60, "HF eager"),
+    ({"kind": "sites", "preset": "tiny", "batch": 2}, 60, "each site"),
+    (_t2t("tiny", 2, **UNROLLED, norm_impl="pallas"), 60, "unrolled, Pallas norms"),
+    (_t2t("tiny", 2, code="$BASELINE_CODE"), 60, "the baseline's code"),
 ]
 
 
@@ -472,161 +417,75 @@ def _profile(compiled, params, opt_state, batch, rng, steps: int, text: str) -> 
     return kernels
 
 
-def run_check(job: dict, smoke: bool) -> dict:
-    """cuDNN vs XLA: loss and every gradient of a 2-layer T5.1.1-base-shaped network."""
-    import jax
-    import numpy as np
-    from flax import nnx
+# The fused kernel a `check` or `sites` job measures, and the platform it runs on.
+KERNEL_PLATFORMS = {"cudnn": "gpu", "flash": "tpu"}
 
-    models, nn, _, _ = _import_t2t()
-    preset = job.get("preset", "t5_1_1_base")
-    layers = dict(num_encoder_layers=2, num_decoder_layers=2)
-    rows = 8
-    inputs, targets = _batch(rows, smoke)
-    input_length, target_length = lengths(smoke)
+
+def run_check(job: dict, smoke: bool) -> dict:
+    """The check every run makes before it trains on a fused kernel (`attention_check.check`),
+    at the preset's shapes in bfloat16, unpacked and packed: each site's errors against the
+    float32 formula, the kernel's beside XLA's."""
+    _, nn, _, _ = _import_t2t()
+    from t2t.nn import attention_check
+
+    kernel = job.get("kernel", "cudnn")
+    config = _config(nn, job.get("preset", "t5_1_1_base"), smoke, attention_impl=kernel)
     cases = {}
     for packed in (False, True):
-        batch = {
-            "encoder_input_tokens": inputs.copy(),
-            "decoder_target_tokens": targets.copy(),
-            "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-            "decoder_loss_weights": np.ones_like(targets, dtype=np.float32),
+        try:
+            results = attention_check.check(
+                config, KERNEL_PLATFORMS[kernel], lengths(smoke), packed=packed
+            )
+        except Exception as error:  # noqa: BLE001 (recorded: a mismatch, or a kernel refusing)
+            cases["packed" if packed else "unpacked"] = {"passes": False, "error": str(error)}
+            continue
+        cases["packed" if packed else "unpacked"] = {
+            "passes": True,
+            "sites": {r.site: dataclasses.asdict(r) for r in results},
         }
-        batch["encoder_input_tokens"][:, input_length * 3 // 4 :] = 0  # padding at the end
-        if packed:  # two examples per row, a quarter of the row padding
-            cut_in, cut_out = input_length // 2, target_length // 2
-            for name, cut, length in (
-                ("encoder", cut_in, input_length),
-                ("decoder", cut_out, target_length),
-            ):
-                ids = np.ones((rows, length), np.int32)
-                ids[:, cut:] = 2
-                if name == "encoder":
-                    ids[:, length * 3 // 4 :] = 0
-                positions = np.concatenate([np.arange(cut), np.arange(length - cut)])
-                batch[f"{name}_segment_ids"] = ids
-                batch[f"{name}_positions"] = np.tile(positions, (rows, 1)).astype(np.int32)
-            batch["decoder_input_tokens"][:, cut_out] = 0
-        grads = {}
-        for impl in ("xla", "cudnn"):
-            config = _config(nn, preset, smoke, attention_impl=impl, **layers)
-            model = models.model_for(config)
-            params = model.init_params(jax.random.PRNGKey(0))
-            step = jax.jit(jax.value_and_grad(model.loss_fn, has_aux=True))
-            try:
-                (loss, _), grad = step(params, jax.device_put(batch), None)
-            except Exception as error:  # noqa: BLE001 (recorded: cuDNN refusing a shape)
-                grads[impl] = {"error": str(error).splitlines()[0][:300]}
-                continue
-            grads[impl] = {"loss": float(loss), "grads": nnx.to_pure_dict(grad)}
-        cases["packed" if packed else "unpacked"] = _compare(grads)
     return {"side": "check", **job, "cases": cases}
 
 
-def _compare(grads: dict) -> dict:
-    """Relative errors of cuDNN's loss and gradients against XLA's (norm of the difference over
-    the norm of XLA's), the worst leaf and the relative position tables'."""
-    import jax
-    import numpy as np
-
-    if any("error" in g for g in grads.values()):
-        return {impl: g.get("error") for impl, g in grads.items()}
-    reference, cudnn = grads["xla"], grads["cudnn"]
-    errors = {}
-    for (path, want), (_, got) in zip(
-        jax.tree_util.tree_leaves_with_path(reference["grads"]),
-        jax.tree_util.tree_leaves_with_path(cudnn["grads"]),
-    ):
-        want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
-        errors[jax.tree_util.keystr(path)] = float(
-            np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-        )
-    worst = max(errors, key=errors.get)
-    tables = {k: v for k, v in errors.items() if "rel_embedding" in k}
-    return {
-        "loss_xla": reference["loss"],
-        "loss_cudnn": cudnn["loss"],
-        "worst_gradient": [worst, errors[worst]],
-        "relative_position_tables": tables,
-        "passes": errors[worst] < 5e-2 and abs(cudnn["loss"] / reference["loss"] - 1) < 1e-2,
-    }
-
-
 def run_sites(job: dict, smoke: bool) -> dict:
-    """Each attention site of the network alone, forward + backward (gradients of q, k, v and
-    the bias), XLA against cuDNN: median milliseconds and cuDNN's gradient error."""
+    """Each attention site of the network alone (`attention_ops.sites`, operands from
+    `attention_check.site_inputs`), forward + backward in bfloat16, XLA against the fused kernel
+    where a run puts one: median milliseconds, and the kernel's gradient errors against XLA's."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     _, nn, _, _ = _import_t2t()
-    from t2t.nn import attention_ops, masks
+    from t2t.nn import attention_check, attention_ops
 
-    config = _config(nn, job.get("preset", "t5_1_1_base"), smoke)
-    rows, heads, head_dim = job["batch"], config.num_heads, config.d_kv
-    input_length, target_length = lengths(smoke)
-    valid = jnp.arange(input_length)[None, :] < (input_length * 3 // 4)
-    valid = jnp.broadcast_to(valid, (rows, input_length))
-    sites = {
-        "encoder self-attention": (
-            input_length,
-            input_length,
-            True,
-            masks.Visibility(query_valid=valid, key_valid=valid),
-        ),
-        "decoder self-attention": (
-            target_length,
-            target_length,
-            True,
-            masks.Visibility(causal=True),
-        ),
-        "cross-attention": (target_length, input_length, False, masks.Visibility(key_valid=valid)),
-    }
+    kernel = job.get("kernel", "cudnn")
+    config = _config(nn, job.get("preset", "t5_1_1_base"), smoke, attention_impl=kernel)
+    shape = lengths(smoke)
+    chosen = attention_ops.describe(config, KERNEL_PLATFORMS[kernel], lengths=shape)
     out = {}
-    rng = np.random.default_rng(0)
-    for site, (length, key_length, has_bias, visibility) in sites.items():
-        rows_valid = visibility.query_valid
-        q = jnp.asarray(rng.standard_normal((rows, length, heads, head_dim)) * 0.3, jnp.bfloat16)
-        k, v = (
-            jnp.asarray(rng.standard_normal((rows, heads, key_length, head_dim)), jnp.bfloat16)
-            for _ in range(2)
-        )
-        bias = None
-        if has_bias:
-            bias = jnp.asarray(rng.standard_normal((1, heads, length, key_length)), jnp.float32)
-        entry = {}
-        grads = {}
-        for impl in ("xla", "cudnn"):
-
-            def loss(q, k, v, bias, impl=impl, rows_valid=rows_valid):
-                out = attention_ops.attention(q, k, v, bias, visibility, implementation=impl)
-                out = out.astype(jnp.float32)
-                if rows_valid is not None:  # padding queries never reach a loss (as in t2t)
-                    out = out * rows_valid[:, :, None, None]
-                return jnp.sum(out**2)
-
-            step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if has_bias else (0, 1, 2)))
+    for name, site in attention_ops.sites(config, shape).items():
+        inputs = attention_check.site_inputs(config, name, site, shape, rows=job["batch"])
+        operands = [x.astype(jnp.bfloat16) for x in inputs.operands]
+        entry, grads = {}, {}
+        for impl in dict.fromkeys(("xla", chosen[name])):
+            step = attention_check.gradients(inputs, impl, jnp.bfloat16)
             try:
-                grads[impl] = jax.block_until_ready(step(q, k, v, bias))
-            except Exception as error:  # noqa: BLE001 (recorded: cuDNN refusing a shape)
+                grads[impl], _ = jax.block_until_ready(step(*operands))
+            except Exception as error:  # noqa: BLE001 (recorded: a kernel refusing a shape)
                 entry[impl] = {"error": str(error).splitlines()[0][:300]}
                 continue
             times = []
-            for _ in range(20):
+            for _ in range(job.get("repeats", 20)):
                 start = time.perf_counter()
-                jax.block_until_ready(step(q, k, v, bias))
+                jax.block_until_ready(step(*operands))
                 times.append(time.perf_counter() - start)
             entry[impl] = {"ms": statistics.median(times) * 1e3}
-        if "xla" in grads and "cudnn" in grads:
-            entry["cudnn_gradient_errors"] = [
-                float(
-                    jnp.linalg.norm((a - b).astype(jnp.float32))
-                    / jnp.linalg.norm(a.astype(jnp.float32))
-                )
-                for a, b in zip(grads["xla"], grads["cudnn"])
+        if chosen[name] != "xla" and len(grads) == 2:
+            entry[f"{chosen[name]}_gradient_errors"] = [
+                attention_check.relative(got, want)
+                for want, got in zip(grads["xla"], grads[chosen[name]], strict=True)
             ]
-        out[site] = entry
-    return {"side": "sites", **job, "sites": out}
+        out[name] = entry
+    padding = "the last row's last quarter of keys padding"
+    return {"side": "sites", **job, "sites": out, "padding": padding}
 
 
 def run_hf(job: dict, steps_timed: int, warmup: int, smoke: bool) -> dict:
@@ -775,6 +634,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--jobs", help="comma-separated job numbers (1-based) to run")
+    parser.add_argument("--list", action="store_true", help="print the jobs, numbered, and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny model, few steps (CPU)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "gpu_train_step.json"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -785,10 +645,14 @@ def main(argv=None) -> int:
         print(RESULT + json.dumps(result, default=str), flush=True)
         return 0
     plan = SMOKE_JOBS if args.smoke else JOBS
+    if args.list:
+        for number, (job, seconds, why) in enumerate(plan, 1):
+            print(f"{number:2d}. {why} ({seconds} s): {json.dumps(job)}")
+        return 0
     if args.jobs:
         plan = [plan[int(i) - 1] for i in args.jobs.split(",")]
     start, results, skipped = time.perf_counter(), [], []
-    for job, expected in plan:
+    for job, expected, _ in plan:
         job = {**job, "smoke": args.smoke}
         left = args.budget_s - (time.perf_counter() - start)
         if expected > left:

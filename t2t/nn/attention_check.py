@@ -111,51 +111,84 @@ def report(results: list[Result], tolerance: float = TOLERANCE) -> str:
     )
 
 
-def _check_site(config, name, site, implementation, lengths, packed, rows, seed) -> Result:
+@dataclasses.dataclass(frozen=True)
+class SiteInputs:
+    """Random operands of one attention site at a run's shapes, as `check` compares them."""
+
+    operands: tuple[jax.Array, ...]
+    """Queries [rows, L, heads, d_kv], keys and values [rows, heads, K, d_kv], and the
+    position bias [1, heads, L, K] where the site adds one; float32."""
+    visibility: masks.Visibility
+    """The site's mask as the network builds it; the last row's last quarter is padding."""
+    real: jax.Array
+    """[rows, L] 1.0 for the queries that carry loss (padding queries compute anything)."""
+    cotangent: jax.Array
+    """[rows, L, heads, d_kv] the output's gradient."""
+
+
+def site_inputs(config, name: str, site, lengths, *, packed=False, rows=2, seed=0) -> SiteInputs:
+    """The operands `check` runs the site `name` (of `attention_ops.sites(config, lengths)`)
+    on: logits of unit scale (T5 folds 1/sqrt(d_kv) into the query kernel), a bias of a few
+    units, two documents per row when `packed`."""
     length, key_length = site.lengths
     heads, head_dim = config.num_heads, config.d_kv
-    dtype = jnp.dtype(config.dtype)
     keys = jax.random.split(jax.random.PRNGKey(seed), 5)
-    # Logits of unit scale (T5 folds 1/sqrt(H) into the query kernel), a bias of a few units.
     q = jax.random.normal(keys[0], (rows, length, heads, head_dim)) * head_dim**-0.5
     k = jax.random.normal(keys[1], (rows, heads, key_length, head_dim))
     v = jax.random.normal(keys[2], (rows, heads, key_length, head_dim))
-    bias = jax.random.normal(keys[3], (1, heads, length, key_length)) if site.biased else None
-    cotangent = jax.random.normal(keys[4], (rows, length, heads, head_dim))
-    # Padding queries carry no loss, and what they compute differs between implementations (XLA
-    # gives them the sum of the values, cuDNN zeros, flash the padding keys' mean): not compared.
+    bias = jax.random.normal(keys[3], (1, heads, length, key_length))
     visibility, real = _visibility(name, site, lengths, packed, rows)
-    operands = [x.astype(dtype) for x in (q, k, v)]
-    if bias is not None:
-        operands.append(bias.astype(dtype))
+    return SiteInputs(
+        operands=(q, k, v, bias) if site.biased else (q, k, v),
+        visibility=visibility,
+        real=real,
+        cotangent=jax.random.normal(keys[4], (rows, length, heads, head_dim)),
+    )
 
-    def gradients(implementation, operand_dtype):
-        def loss(*args):
-            q, k, v, *rest = (x.astype(operand_dtype) for x in args)
-            out = attention_ops.attention(
-                q, k, v, rest[0] if rest else None, visibility, implementation=implementation
-            )
-            out = out.astype(jnp.float32) * real[:, :, None, None]  # padding queries: any
-            return jnp.sum(out * cotangent), out
 
-        grad = jax.grad(loss, argnums=tuple(range(len(operands))), has_aux=True)
-        gradient, out = jax.jit(grad)(*operands)
+def gradients(inputs: SiteInputs, implementation: str, operand_dtype):
+    """A jitted function of the operands (cast to `operand_dtype`) giving the gradients of
+    every operand and the output, with `implementation`'s attention; padding queries' outputs
+    are zeroed (they differ between implementations: XLA gives them the values' sum, cuDNN
+    zeros, flash the padding keys' mean)."""
+
+    def loss(*args):
+        q, k, v, *bias = (x.astype(operand_dtype) for x in args)
+        out = attention_ops.attention(
+            q, k, v, bias[0] if bias else None, inputs.visibility, implementation=implementation
+        )
+        out = out.astype(jnp.float32) * inputs.real[:, :, None, None]
+        return jnp.sum(out * inputs.cotangent), out
+
+    argnums = tuple(range(len(inputs.operands)))
+    return jax.jit(jax.grad(loss, argnums=argnums, has_aux=True))
+
+
+def _check_site(config, name, site, implementation, lengths, packed, rows, seed) -> Result:
+    inputs = site_inputs(config, name, site, lengths, packed=packed, rows=rows, seed=seed)
+    dtype = jnp.dtype(config.dtype)
+    operands = [x.astype(dtype) for x in inputs.operands]
+
+    def computed(implementation, operand_dtype):
+        gradient, out = gradients(inputs, implementation, operand_dtype)(*operands)
         return [np.asarray(x, np.float32) for x in (out, *gradient)]
 
     with jax.default_matmul_precision("highest"):
-        reference = gradients("xla", jnp.float32)
-    kernel = gradients(implementation, dtype)
-    xla = gradients("xla", dtype)
+        reference = computed("xla", jnp.float32)
+    kernel = computed(implementation, dtype)
+    xla = computed("xla", dtype)
     count = len(reference)
     return Result(
         site=name,
         implementation=implementation,
-        errors=dict(zip(QUANTITIES[:count], map(_relative, kernel, reference), strict=True)),
-        xla_errors=dict(zip(QUANTITIES[:count], map(_relative, xla, reference), strict=True)),
+        errors=dict(zip(QUANTITIES[:count], map(relative, kernel, reference), strict=True)),
+        xla_errors=dict(zip(QUANTITIES[:count], map(relative, xla, reference), strict=True)),
     )
 
 
-def _relative(got: np.ndarray, want: np.ndarray) -> float:
+def relative(got, want) -> float:
+    """The norm of `got - want` over the norm of `want` (of `got` where `want` is zero)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = float(np.linalg.norm(want))
     return float(np.linalg.norm(got - want)) / scale if scale else float(np.linalg.norm(got))
 

@@ -3,6 +3,7 @@ t2t a bare GPU machine can import, times it, and puts the cost model's predictio
 measured step."""
 
 import argparse
+import dataclasses
 import importlib.util
 import math
 import os
@@ -44,3 +45,60 @@ def test_the_hf_side_trains_the_same_shapes_with_the_shared_peer_setup():
     result = bench.run_hf({"kind": "hf", "preset": "tiny", "batch": 2}, 1, 1, True)
     assert result["side"] == "hf" and math.isfinite(result["loss"])
     assert len(result["step_seconds"]) == 3 and len(result["blocked_step_seconds"]) == 1
+
+
+@pytest.fixture
+def flash_in_the_interpreter(monkeypatch):
+    """The attention jobs on t2t's TPU flash kernels, in Pallas's interpreter on the CPU, at
+    input lengths the kernels tile (128; the 8 targets are left to XLA)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from t2t.nn import attention_ops
+
+    monkeypatch.setattr(attention_ops, "current_platform", lambda: "tpu")
+    monkeypatch.setattr(bench, "lengths", lambda smoke: (128, 8))
+    with pltpu.force_tpu_interpret_mode():
+        yield
+
+
+def test_the_check_job_records_the_shipped_check(monkeypatch):
+    """The job runs `attention_check.check` on the kernel's platform, unpacked and packed, and
+    records each site's errors, or the mismatch that would stop a run (the check itself:
+    tests/nn/test_attention_check.py)."""
+    from t2t.nn import attention_check
+
+    calls = []
+    site = attention_check.Result("encoder self-attention", "cudnn", {"output": 0.004}, {})
+
+    def check(config, platform, lengths, *, packed):
+        calls.append((config.attention_impl, config.dtype, platform, lengths, packed))
+        if packed:
+            raise attention_check.KernelMismatch("its bias gradient is 122.0% off")
+        return [site]
+
+    monkeypatch.setattr(attention_check, "check", check)
+    result = bench.run_check({"kind": "check", "preset": "tiny"}, True)
+    assert calls == [("cudnn", "bfloat16", "gpu", (32, 8), p) for p in (False, True)]
+    assert result["cases"]["unpacked"] == {
+        "passes": True,
+        "sites": {"encoder self-attention": dataclasses.asdict(site)},
+    }
+    assert result["cases"]["packed"] == {
+        "passes": False,
+        "error": "its bias gradient is 122.0% off",
+    }
+    assert bench._line(result).startswith("check: unpacked ok, packed {'passes': False")
+
+
+def test_the_sites_job_times_every_site_and_the_kernels_errors(flash_in_the_interpreter):
+    result = bench.run_sites(
+        {"kind": "sites", "preset": "tiny", "batch": 2, "kernel": "flash", "repeats": 2}, True
+    )
+    sites = result["sites"]
+    assert list(sites) == ["encoder self-attention", "decoder self-attention", "cross-attention"]
+    assert set(sites["encoder self-attention"]) == {"xla", "flash", "flash_gradient_errors"}
+    assert sites["cross-attention"].keys() == {"xla"}  # left to XLA: timed once
+    assert all(entry["xla"]["ms"] > 0 for entry in sites.values())
+    # q, k, v and the bias: flash's bfloat16 gradients near XLA's
+    errors = sites["encoder self-attention"]["flash_gradient_errors"]
+    assert len(errors) == 4 and max(errors) < 0.05
