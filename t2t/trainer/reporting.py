@@ -48,7 +48,7 @@ class ScalarWriter:
     Example:
       writer = ScalarWriter("<model_dir>/train")
       writer.restart(101)       # resumed after step 100: hides older events from step 101 on
-      writer.write(101, {"loss": 2.3, "token_accuracy": 0.41})
+      writer.write(101, {"loss": 2.3, "token_accuracy": 41.0})
       writer.flush()
     """
 
@@ -176,7 +176,7 @@ class Progress:
         shown = {}
         for name, label, fmt in (
             ("loss", "loss", "{:.3f}"),
-            ("token_accuracy", "acc", "{:.3f}"),
+            ("token_accuracy", "acc", "{:.1f}%"),
             ("tokens_per_second", "tok/s", "{:.0f}"),
         ):
             if name in metrics:

@@ -156,13 +156,18 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else 0.0
 
 
+def _percent(numerator: float, denominator: float) -> float:
+    """Accuracies in percent, the unit of the paper and of the tasks' metrics (seqio's)."""
+    return 100.0 * _ratio(numerator, denominator)
+
+
 def train_scalars(raw: Mapping[str, Any], loss_normalizing_factor: float | str | None) -> dict:
     """The logged scalars of one step from its fetched metrics.
 
     `loss` is the objective as optimized; `z_loss` its z-loss share (same normalization);
     `cross_ent_per_token` the cross-entropy per real target token (comparable across
-    normalizations and with eval losses); `token_accuracy` the fraction of target tokens whose
-    argmax is right.
+    normalizations and with eval losses); `token_accuracy` the percentage of target tokens whose
+    argmax is right (percent, as the tasks' accuracies).
     """
     raw = {k: float(np.asarray(v)) for k, v in raw.items()}
     if losses.LOSS_DENOMINATOR in raw:
@@ -175,7 +180,7 @@ def train_scalars(raw: Mapping[str, Any], loss_normalizing_factor: float | str |
         "loss": raw["loss"],
         "z_loss": _ratio(raw["z_loss_sum"], denominator),
         "cross_ent_per_token": _ratio(raw["cross_ent_sum"], raw["weight_sum"]),
-        "token_accuracy": _ratio(raw["num_correct_tokens"], raw["weight_sum"]),
+        "token_accuracy": _percent(raw["num_correct_tokens"], raw["weight_sum"]),
         "grad_norm": raw["grad_norm"],
         "param_norm": raw["param_norm"],
         "target_tokens": raw["weight_sum"],
@@ -186,12 +191,12 @@ def train_scalars(raw: Mapping[str, Any], loss_normalizing_factor: float | str |
 
 def eval_scalars(sums: Mapping[str, float]) -> dict[str, float]:
     """Teacher-forced eval metrics from summed EVAL_SUMS: `loss` (cross-entropy per real target
-    token, no z-loss), `z_loss` (per token), `token_accuracy` and `target_tokens`."""
+    token, no z-loss), `z_loss` (per token), `token_accuracy` (percent) and `target_tokens`."""
     weight = float(sums["weight_sum"])
     return {
         "loss": _ratio(float(sums["cross_ent_sum"]), weight),
         "z_loss": _ratio(float(sums["z_loss_sum"]), weight),
-        "token_accuracy": _ratio(float(sums["num_correct_tokens"]), weight),
+        "token_accuracy": _percent(float(sums["num_correct_tokens"]), weight),
         "target_tokens": weight,
     }
 

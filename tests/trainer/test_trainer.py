@@ -309,7 +309,7 @@ def test_train_scalars():
     }
     constant = steps.train_scalars(raw, 20.0)
     assert constant["z_loss"] == 0.5 and constant["cross_ent_per_token"] == 2.5
-    assert constant["token_accuracy"] == 0.25
+    assert constant["token_accuracy"] == 25.0  # percent, as the tasks' accuracies
     per_batch = steps.train_scalars({**raw, "loss_denominator": 40.0}, "num_total_target_tokens")
     assert per_batch["z_loss"] == 0.25
     assert steps.first_non_finite({**raw, "grad_norm": np.inf}) == (
@@ -317,7 +317,7 @@ def test_train_scalars():
     )
     assert steps.eval_scalars(
         {"cross_ent_sum": 6.0, "z_loss_sum": 0.3, "weight_sum": 3.0, "num_correct_tokens": 1.5}
-    ) == pytest.approx({"loss": 2.0, "z_loss": 0.1, "token_accuracy": 0.5, "target_tokens": 3.0})
+    ) == pytest.approx({"loss": 2.0, "z_loss": 0.1, "token_accuracy": 50.0, "target_tokens": 3.0})
 
 
 def test_bad_periods_are_refused(tmp_path):
