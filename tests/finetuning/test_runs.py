@@ -2,7 +2,7 @@
 corpus, a few steps on the built-in supervised task with the method's gin file, then the saved
 parameters compared bit for bit with the pretrained ones: exactly the intended ones moved.
 
-The network is shrunk by gin bindings (as in tests/runs/test_train_run.py) so each run takes seconds.
+The network is the suite's micro one (gin/models/micro.gin), so each run takes seconds.
 """
 
 import gin
@@ -15,13 +15,8 @@ from t2t.checkpoints import model_dir as model_dir_lib
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 FINETUNE = "gin/experiments/tiny_builtin_finetune.gin"
+MICRO = "gin/models/micro.gin"  # the suite's shrunk network (1 + 1 layers)
 SMALL = [
-    "t2t.nn.get_preset.d_model = 32",
-    "t2t.nn.get_preset.d_ff = 64",
-    "t2t.nn.get_preset.num_heads = 2",
-    "t2t.nn.get_preset.d_kv = 16",
-    "t2t.nn.get_preset.num_encoder_layers = 2",
-    "t2t.nn.get_preset.num_decoder_layers = 2",
     "TASK_FEATURE_LENGTHS = {'inputs': 32, 'targets': 8}",
     "BATCH_SIZE = 8",
     "t2t.runs.LoopOptions.progress = False",
@@ -38,7 +33,7 @@ def _builtin(builtin_tasks):
 def pretrained(tmp_path_factory):
     path = tmp_path_factory.mktemp("pretrained")
     runs.configure(
-        [DEMO],
+        [DEMO, MICRO],
         [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.EvalOptions.every = None"],
     )
     runs.train()
@@ -96,7 +91,7 @@ METHODS = {
     ),
     "new_decoder": (
         ["gin/finetuning/feature_extraction_new_decoder.gin"],
-        ["t2t.runs.checkpoint_model_config.num_decoder_layers = 1"],
+        ["t2t.runs.checkpoint_model_config.num_decoder_layers = 2"],
         lambda p: p.startswith("decoder/"),
     ),
 }
@@ -126,8 +121,8 @@ def test_only_the_methods_parameters_move(pretrained, tmp_path, method, request)
         moved ^ {p for p in after if may_move(p)}
     )
     assert 0 < described["trainable_parameters"] < described["total_parameters"]
-    if method == "new_decoder":  # a new, smaller decoder: not the pretrained one
-        assert "decoder/layers_1/mlp/wo/kernel" not in after
+    if method == "new_decoder":  # a new, deeper decoder: not the pretrained one
+        assert "decoder/layers_1/mlp/wo/kernel" in after
         assert metadata["initialized_from"]["initialized"]
     if method == "prompt_tuning":
         assert len(metadata["initialized_from"]["prompt_tokens"]) == 3

@@ -1,7 +1,7 @@
 """Data, chains and studies in the bucket (the GCS emulator): `t2t cache` writes a seqio cache
 there that reads back as the task itself; the C4 pipeline reads WET files from and writes its
-shards to the bucket, two Beam worker processes writing what one process writes; a 2-stage
-chain and a micro study keep every stage, record and report in the bucket."""
+shards to the bucket, two Beam worker processes writing what one process writes; a micro study
+keeps every stage, chain record and report in the bucket."""
 
 import importlib.util
 import json
@@ -108,24 +108,12 @@ def test_the_c4_pipeline_reads_and_writes_the_bucket_two_workers_as_one(
     assert os.listdir(clean_dir) == []
 
 
-def test_a_chain_and_a_micro_study_keep_everything_in_the_bucket(
+def test_a_micro_study_and_its_chains_keep_everything_in_the_bucket(
     gcs, bucket_dir, clean_dir, tmp_path, listing, capsys
 ):
+    """The study's pre-trained arm is a chain (pretrain, then fine-tune from it): its stages,
+    its record and the fine-tuning's start are all in the bucket."""
     harness = _load("fault_injection", "benchmarks/fault_injection.py")
-    spec = harness.write_spec("chain", str(tmp_path), steps=2, checkpoint_every=2)
-    chain_dir = f"{bucket_dir}/chain"
-    argv = harness.command(chain_dir, 2, 2, "chain", spec)
-    assert cli.main(argv[3:]) == 0
-    held = set(listing(chain_dir))
-    assert "chain.json" in held
-    records = json.loads(files.read_text(f"{chain_dir}/chain.json"))["stages"]
-    assert [r["name"] for r in records] == ["pretrain", "finetune"]
-    for stage in ("pretrain", "finetune"):
-        assert f"{stage}/checkpoints/2/commit_success.txt" in held
-        assert f"{stage}/config.gin" in held
-    finetuned = json.loads(files.read_text(f"{chain_dir}/finetune/checkpoints/2/metadata/metadata"))
-    assert finetuned["initialized_from"]["path"] == f"{chain_dir}/pretrain"
-
     spec = harness.write_spec("study", str(tmp_path), steps=2, checkpoint_every=2)
     study_dir = f"{bucket_dir}/study"
     assert cli.main(harness.command(study_dir, 2, 2, "study", spec)[3:]) == 0
@@ -137,6 +125,18 @@ def test_a_chain_and_a_micro_study_keep_everything_in_the_bucket(
     assert len(scores) == 2  # the fine-tuned arm and the one from scratch
     result = json.loads(files.read_text(f"{study_dir}/study.json"))
     assert result["missing"] == [] and set(result["arms"]) == {"pre-trained", "no pre-training"}
+
+    (record,) = [n for n in held if n.startswith("pre-trained/") and n.endswith("/chain.json")]
+    chain_dir = f"{study_dir}/{record.rsplit('/', 1)[0]}"
+    stages = json.loads(files.read_text(f"{study_dir}/{record}"))["stages"]
+    assert [r["name"] for r in stages] == ["pretrain", "finetune"]
+    for r in stages:
+        assert files.exists(f"{r['model_dir']}/checkpoints/2/commit_success.txt"), r
+        assert files.exists(f"{r['model_dir']}/config.gin"), r
+    pretrain, finetune = (r["model_dir"] for r in stages)
+    assert finetune == f"{chain_dir}/finetune" and pretrain.startswith(f"{study_dir}/")
+    finetuned = json.loads(files.read_text(f"{finetune}/checkpoints/2/metadata/metadata"))
+    assert finetuned["initialized_from"]["path"] == pretrain
     assert os.listdir(clean_dir) == []
 
 

@@ -7,6 +7,7 @@ checksums and the loss curve went to a folder named `./gs:`)."""
 
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -129,7 +130,11 @@ def test_check_reads_the_checksums_in_the_bucket_and_a_resume_sets_a_damaged_ste
     assert cli.main(["check", run]) == 1  # every checksum read from the bucket
     checked = capsys.readouterr().out
     assert "step 3: ok" in checked and "step 6: damaged" in checked
-    assert "params: 1 array differs from its checksums" in checked
+    # Depending on where the flipped bit lands, the array decodes to other values or does not
+    # decode (both seen in the suite): either way, one array of params is named.
+    assert re.search(
+        r"params: (1 array differs from its checksums|array '[\w.]+': Encountered error)", checked
+    ), checked
 
     assert cli.main(train_argv(run, 9)) == 0  # resumes from 3, sets 6 aside in the bucket
     err = capsys.readouterr().err
@@ -192,7 +197,7 @@ def test_setting_a_step_aside_on_the_store_stopped_midway_and_repeated_ends_once
 
 
 def test_sigkill_during_a_save_in_the_bucket_and_a_resume_on_another_host(
-    gcs, straight, bucket_dir, tmp_path, train_argv, t2t_process, listing
+    gcs, straight, bucket_dir, tmp_path, train_argv, t2t_process, listing, capsys
 ):
     """The store is slowed (stalled writes) so the kill lands while step 6 is being written:
     a step without its commit marker, and a lock whose holder is gone."""
@@ -221,8 +226,8 @@ def test_sigkill_during_a_save_in_the_bucket_and_a_resume_on_another_host(
     said = resumed.stdout + resumed.stderr
     assert "Taking over the stale lock" in said and "trained steps 3 -> 9" in said
     _assert_same_run(run, straight)
-    checked = t2t_process(["check", run], second)
-    assert checked.returncode == 0 and "0 damaged" in checked.stdout
+    assert cli.main(["check", run]) == 0
+    assert "0 damaged" in capsys.readouterr().out
     _assert_nothing_local(first)
     _assert_nothing_local(second)
 

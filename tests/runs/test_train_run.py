@@ -17,13 +17,8 @@ from t2t.trainer import loop, reporting
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
 FINETUNE = "gin/experiments/tiny_builtin_finetune.gin"
-SMALL = [  # a smaller network and batch than the demo's, same data and objective
-    "t2t.nn.get_preset.d_model = 64",
-    "t2t.nn.get_preset.d_ff = 128",
-    "t2t.nn.get_preset.num_heads = 2",
-    "t2t.nn.get_preset.d_kv = 32",
-    "t2t.nn.get_preset.num_encoder_layers = 1",
-    "t2t.nn.get_preset.num_decoder_layers = 1",
+MICRO = "gin/models/micro.gin"  # the suite's shrunk network
+SMALL = [  # a smaller batch than the demo's, same data and objective
     "TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 16}",
     "BATCH_SIZE = 8",
     "t2t.runs.LoopOptions.progress = False",
@@ -37,7 +32,7 @@ def _builtin(builtin_tasks):
 
 
 def _train(model_dir, *bindings):
-    runs.configure([DEMO], [f"MODEL_DIR = '{model_dir}'", *SMALL, *bindings])
+    runs.configure([DEMO, MICRO], [f"MODEL_DIR = '{model_dir}'", *SMALL, *bindings])
     return runs.train()
 
 
@@ -50,6 +45,7 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     argv = [
         "train",
         f"--gin_file={DEMO}",
+        f"--gin_file={MICRO}",
         f"--gin.MODEL_DIR='{tmp_path}'",
         *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
         "--gin.TRAIN_STEPS=40",
@@ -80,6 +76,7 @@ def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
         [
             "train",
             f"--gin_file={DEMO}",
+            f"--gin_file={MICRO}",
             f"--gin.MODEL_DIR='{tmp_path}'",
             *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
             "--gin.TRAIN_STEPS=4",
@@ -109,6 +106,7 @@ def test_an_attention_kernel_off_the_formula_stops_the_run_before_it_trains(
     argv = [
         "train",
         f"--gin_file={DEMO}",
+        f"--gin_file={MICRO}",
         f"--gin.MODEL_DIR='{tmp_path}'",
         *[f"--gin.{b.replace(' = ', '=', 1)}" for b in SMALL],
         "--gin.TRAIN_STEPS=2",
