@@ -449,6 +449,31 @@ def _source(op_name: str) -> str:
     return "/".join(parts[-3:]) or "(copies and prefetches, no JAX source)"
 
 
+def _kernel_seconds(kernel, rates: Rates) -> float:
+    """A non-matmul kernel's time over its runs: its bytes at the bandwidth, at least
+    `rates.kernel_seconds` a run."""
+    return kernel.runs * max(
+        kernel.bytes / kernel.runs / rates.bytes_per_second, rates.kernel_seconds
+    )
+
+
+def _largest_sources(kernels, rates: Rates, top: int) -> list[dict[str, Any]]:
+    """The `top` lines of the program that move the most bytes in non-matmul kernels."""
+    by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0.0])
+    for kernel in kernels:
+        if kernel.matmul:
+            continue
+        entry = by_source[_source(kernel.op_name)]
+        entry[0] += kernel.bytes
+        entry[1] += kernel.runs
+        entry[2] += _kernel_seconds(kernel, rates)
+    largest = sorted(by_source.items(), key=lambda item: -item[1][0])[:top]
+    return [
+        {"source": source, "bytes": size, "seconds": seconds, "kernels": int(count)}
+        for source, (size, count, seconds) in largest
+    ]
+
+
 def estimate(
     hlo_text: str,
     matmul_flops: float,
@@ -485,25 +510,10 @@ def estimate(
         attention, gemm_flops = 0.0, matmul_flops
     compute = gemm_flops / rates.matmul_flops_per_second
     matmul_memory = found.matmul_bytes / rates.bytes_per_second
-    other = sum(
-        max(k.bytes / k.runs / rates.bytes_per_second, rates.kernel_seconds) * k.runs
-        for k in found.kernels
-        if not k.matmul
-    )
+    other = sum(_kernel_seconds(k, rates) for k in found.kernels if not k.matmul)
     other_kernels = sum(k.runs for k in found.kernels if not k.matmul)
     matmul_part = max(compute, matmul_memory)
     step = matmul_part + attention + other
-    by_source: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0.0])
-    for kernel in found.kernels:
-        if kernel.matmul:
-            continue
-        entry = by_source[_source(kernel.op_name)]
-        entry[0] += kernel.bytes
-        entry[1] += kernel.runs
-        entry[2] += kernel.runs * max(
-            kernel.bytes / kernel.runs / rates.bytes_per_second, rates.kernel_seconds
-        )
-    largest = sorted(by_source.items(), key=lambda item: -item[1][0])[:top]
     if other > max(matmul_part, attention):
         bound = "other kernels' memory traffic"
     elif attention > matmul_part:
@@ -527,15 +537,7 @@ def estimate(
         "hbm_bytes": found.matmul_bytes + found.other_bytes,
         "collective_bytes": found.collective_bytes,
         "collective_count": found.collective_count,
-        "largest_memory_bound": [
-            {
-                "source": source,
-                "bytes": size,
-                "seconds": seconds,
-                "kernels": int(count),
-            }
-            for source, (size, count, seconds) in largest
-        ],
+        "largest_memory_bound": _largest_sources(found.kernels, rates, top),
         "rates": dataclasses.asdict(rates),
         "not_modeled": [
             "collectives (bytes listed; assumed overlapped by the interconnect)",

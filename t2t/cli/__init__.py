@@ -157,20 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a not in ("--traceback", "--verbose")]
     argv, gin_bindings = split_gin_bindings(argv)
     args = build_parser().parse_args(argv)
-    if getattr(args, "precheck", None) is not None:  # argument checks that need no library
-        from t2t.errors import UserError
-
-        try:
-            args.precheck(args)
-        except UserError as error:
-            print(f"t2t {args.command}: error: {error}", file=sys.stderr)
-            return 2
+    refusal = _refusal(args, gin_bindings)
+    if refusal:
+        print(f"t2t {args.command}: error: {refusal}", file=sys.stderr)
+        return 2
     if not verbose:
         terminal.quiet_libraries()
     args.gin_bindings = gin_bindings
-    if gin_bindings and not hasattr(args, "gin_file"):
-        print(f"t2t {args.command}: error: this command takes no gin bindings", file=sys.stderr)
-        return 2
     # Each command configures gin anew; one run before it in this process (a notebook, the
     # Python API) left the configuration locked, and a module the command imports before
     # configuring (the study runner) could not register its configurables.
@@ -195,35 +188,55 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    except FloatingPointError as error:  # a diverged run (NonFiniteError): what was kept, what next
-        terminal.print_traceback(show_traceback)
-        print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
-        return 1
     except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
-        _stop_if_a_host_was_lost(args.command, error)
-        failure = _store_failure(error)
-        if failure is not None:  # the store gave up: a message, exit 2, nothing lost
-            terminal.print_traceback(show_traceback)
-            print(
-                f"t2t {args.command}: error: the object store failed: {failure}. Every "
-                "checkpoint reported saved is intact (a save the store broke off never counts); "
-                "run the same command again to go on.",
-                file=sys.stderr,
-            )
-            return 2
-        if terminal.is_user_error(error):  # bad input: a message, not a traceback
-            terminal.print_traceback(show_traceback)
-            print(f"t2t {args.command}: error: {terminal.error_message(error)}", file=sys.stderr)
-            return 2
-        terminal.print_traceback(True)
+        return _failed(args.command, error, show_traceback)
+    return code if isinstance(code, int) else 0
+
+
+def _refusal(args, gin_bindings: list[str]) -> str | None:
+    """What is wrong with the command line that needs no library to see (None: nothing)."""
+    if getattr(args, "precheck", None) is not None:
+        from t2t.errors import UserError
+
+        try:
+            args.precheck(args)
+        except UserError as error:
+            return str(error)
+    if gin_bindings and not hasattr(args, "gin_file"):
+        return "this command takes no gin bindings"
+    return None
+
+
+def _failed(command: str, error: Exception, show_traceback: bool) -> int:
+    """Says what went wrong and returns the exit status: 1 for a diverged run (what was kept,
+    what next) and for a bug (with the stack), 2 for bad input and a store that gave up."""
+    if isinstance(error, FloatingPointError):  # a diverged run (NonFiniteError)
+        terminal.print_traceback(show_traceback)
+        print(f"t2t {command}: error: {terminal.error_message(error)}", file=sys.stderr)
+        return 1
+    _stop_if_a_host_was_lost(command, error)
+    failure = _store_failure(error)
+    if failure is not None:  # the store gave up: a message, exit 2, nothing lost
+        terminal.print_traceback(show_traceback)
         print(
-            f"t2t {args.command}: internal error: {type(error).__name__}: "
-            f"{terminal.error_message(error)}\nThis is a bug in t2t (or an input it failed to "
-            "check); please report it with the command and the stack above.",
+            f"t2t {command}: error: the object store failed: {failure}. Every checkpoint "
+            "reported saved is intact (a save the store broke off never counts); run the same "
+            "command again to go on.",
             file=sys.stderr,
         )
-        return 1
-    return code if isinstance(code, int) else 0
+        return 2
+    if terminal.is_user_error(error):  # bad input: a message, not a traceback
+        terminal.print_traceback(show_traceback)
+        print(f"t2t {command}: error: {terminal.error_message(error)}", file=sys.stderr)
+        return 2
+    terminal.print_traceback(True)
+    print(
+        f"t2t {command}: internal error: {type(error).__name__}: "
+        f"{terminal.error_message(error)}\nThis is a bug in t2t (or an input it failed to "
+        "check); please report it with the command and the stack above.",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def console() -> None:

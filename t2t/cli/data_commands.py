@@ -7,6 +7,43 @@ import time
 
 from t2t.errors import UserError
 
+# `t2t vocab`'s flags: (name, add_argument keywords).
+_VOCAB_FLAGS = (
+    ("--output", dict(required=True, help="path of the .model file to write")),
+    (
+        "--source",
+        dict(
+            action="append",
+            required=True,
+            help="English (or any) text: a file glob or tfds:NAME[#FEATURE]; repeatable",
+        ),
+    ),
+    ("--german", dict(help="German text source, e.g. tfds:wmt_t2t_translate/de-en:1.0.0#de")),
+    ("--french", dict(help="French text source, e.g. tfds:wmt15_translate/fr-en:1.0.0#fr")),
+    ("--romanian", dict(help="Romanian text source, e.g. tfds:wmt16_translate/ro-en:1.0.0#ro")),
+    (
+        "--ratio",
+        dict(
+            default="10:1:1:1",
+            help="documents English:German:French:Romanian (default: the paper's 10:1:1:1)",
+        ),
+    ),
+    (
+        "--num_pieces",
+        dict(
+            type=int,
+            default=32_000,
+            help="SentencePiece pieces; the vocabulary adds 100 sentinels (default 32000)",
+        ),
+    ),
+    (
+        "--max_characters",
+        dict(type=int, default=500_000_000, help="stop reading sources after this many characters"),
+    ),
+    ("--character_coverage", dict(type=float, default=0.9995)),
+    ("--seed", dict(type=int, default=0)),
+)
+
 
 def add_vocab(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -16,65 +53,76 @@ def add_vocab(subparsers) -> None:
         "or TFDS datasets ('tfds:NAME[#FEATURE]', e.g. 'tfds:c4/en:3.1.0'). Give German, French "
         "or Romanian sources to mix them with the English ones by --ratio, as the T5 paper did.",
     )
-    parser.add_argument("--output", required=True, help="path of the .model file to write")
-    parser.add_argument(
-        "--source",
-        action="append",
-        required=True,
-        help="English (or any) text: a file glob or tfds:NAME[#FEATURE]; repeatable",
+    for name, keywords in _VOCAB_FLAGS:
+        parser.add_argument(name, **keywords)
+    parser.set_defaults(handler=_run_vocab)
+
+
+def _run_vocab(args) -> None:
+    from t2t.data import vocab
+
+    start = time.time()
+    path = vocab.train_vocabulary(
+        args.output,
+        args.source,
+        german=args.german,
+        french=args.french,
+        romanian=args.romanian,
+        ratio=args.ratio,
+        num_pieces=args.num_pieces,
+        max_characters=args.max_characters,
+        character_coverage=args.character_coverage,
+        seed=args.seed,
     )
-    parser.add_argument(
-        "--german", help="German text source, e.g. tfds:wmt_t2t_translate/de-en:1.0.0#de"
+    size = vocab.load_vocabulary(path).vocab_size
+    print(
+        f"wrote {path}: {args.num_pieces} pieces, vocabulary size {size} with sentinels "
+        f"({time.time() - start:.0f} s)"
     )
-    parser.add_argument(
-        "--french", help="French text source, e.g. tfds:wmt15_translate/fr-en:1.0.0#fr"
-    )
-    parser.add_argument(
-        "--romanian", help="Romanian text source, e.g. tfds:wmt16_translate/ro-en:1.0.0#ro"
-    )
-    parser.add_argument(
-        "--ratio",
-        default="10:1:1:1",
-        help="documents English:German:French:Romanian (default: the paper's 10:1:1:1)",
-    )
-    parser.add_argument(
+
+
+# `t2t cache`'s flags: (name, add_argument keywords).
+_CACHE_FLAGS = (
+    ("--cache_dir", dict(help="built-in corpus root (default $T2T_CACHE_DIR or ~/.cache/t2t)")),
+    (
         "--num_pieces",
-        type=int,
-        default=32_000,
-        help="SentencePiece pieces; the vocabulary adds 100 sentinels (default 32000)",
-    )
-    parser.add_argument(
-        "--max_characters",
-        type=int,
-        default=500_000_000,
-        help="stop reading sources after this many characters",
-    )
-    parser.add_argument("--character_coverage", type=float, default=0.9995)
-    parser.add_argument("--seed", type=int, default=0)
-
-    def handler(args) -> None:
-        from t2t.data import vocab
-
-        start = time.time()
-        path = vocab.train_vocabulary(
-            args.output,
-            args.source,
-            german=args.german,
-            french=args.french,
-            romanian=args.romanian,
-            ratio=args.ratio,
-            num_pieces=args.num_pieces,
-            max_characters=args.max_characters,
-            character_coverage=args.character_coverage,
-            seed=args.seed,
-        )
-        size = vocab.load_vocabulary(path).vocab_size
-        print(
-            f"wrote {path}: {args.num_pieces} pieces, vocabulary size {size} with sentinels "
-            f"({time.time() - start:.0f} s)"
-        )
-
-    parser.set_defaults(handler=handler)
+        dict(
+            type=int, default=None, help="vocabulary pieces (default: the built-in corpus's 1948)"
+        ),
+    ),
+    (
+        "--task",
+        dict(
+            dest="tasks",
+            action="append",
+            default=[],
+            help="a task or mixture to cache (repeatable or comma-separated)",
+        ),
+    ),
+    ("--output_cache_dir", dict(help="the seqio cache root to write (with --task)")),
+    (
+        "--module",
+        dict(
+            dest="modules",
+            action="append",
+            default=[],
+            help="a module registering the tasks (repeatable; Beam workers import "
+            "it too), e.g. t2t.data.tasks.glue",
+        ),
+    ),
+    (
+        "--pipeline_option",
+        dict(
+            dest="pipeline_options",
+            action="append",
+            default=[],
+            help="a Beam pipeline option (repeatable), e.g. "
+            "--pipeline_option=--runner=DataflowRunner; default: DirectRunner",
+        ),
+    ),
+    ("--overwrite", dict(action="store_true", help="rebuild tasks already cached")),
+    ("--tfds_data_dir", dict(help="where the TFDS datasets are prepared")),
+)
 
 
 def add_cache(subparsers) -> None:
@@ -89,66 +137,33 @@ def add_cache(subparsers) -> None:
         "--output_cache_dir, which training then reads with --seqio_cache_dir and "
         "use_cached=True.",
     )
-    parser.add_argument(
-        "--cache_dir", help="built-in corpus root (default $T2T_CACHE_DIR or ~/.cache/t2t)"
-    )
-    parser.add_argument(
-        "--num_pieces",
-        type=int,
-        default=None,
-        help="vocabulary pieces (default: the built-in corpus's 1948)",
-    )
-    parser.add_argument(
-        "--task",
-        dest="tasks",
-        action="append",
-        default=[],
-        help="a task or mixture to cache (repeatable or comma-separated)",
-    )
-    parser.add_argument("--output_cache_dir", help="the seqio cache root to write (with --task)")
-    parser.add_argument(
-        "--module",
-        dest="modules",
-        action="append",
-        default=[],
-        help="a module registering the tasks (repeatable; Beam workers import "
-        "it too), e.g. t2t.data.tasks.glue",
-    )
-    parser.add_argument(
-        "--pipeline_option",
-        dest="pipeline_options",
-        action="append",
-        default=[],
-        help="a Beam pipeline option (repeatable), e.g. "
-        "--pipeline_option=--runner=DataflowRunner; default: DirectRunner",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="rebuild tasks already cached")
-    parser.add_argument("--tfds_data_dir", help="where the TFDS datasets are prepared")
+    for name, keywords in _CACHE_FLAGS:
+        parser.add_argument(name, **keywords)
+    parser.set_defaults(handler=_run_cache)
 
-    def handler(args) -> None:
-        start = time.time()
 
-        def report(line: str) -> None:
-            print(f"[{time.time() - start:5.1f} s] {line}", flush=True)
+def _run_cache(args) -> None:
+    start = time.time()
 
-        if args.tasks:
-            _cache_tasks(args, report)
-            return
-        from t2t.data.builtin import cache
+    def report(line: str) -> None:
+        print(f"[{time.time() - start:5.1f} s] {line}", flush=True)
 
-        kwargs = {} if args.num_pieces is None else {"num_pieces": args.num_pieces}
-        corpus = cache.get_or_build(args.cache_dir, report=report, **kwargs)
-        stats = corpus.stats
-        for split in cache.SPLITS:
-            c = stats[f"corpus_{split}"]
-            print(
-                f"{split:>10}: {c['documents']} documents, {c['words']} words, {c['tokens']} tokens; "
-                f"summarize {stats[f'summarize_{split}']['examples']}, "
-                f"package {stats[f'package_{split}']['examples']} examples"
-            )
-        print(f"vocabulary: {corpus.vocabulary_path} ({stats['vocab_size']} ids with sentinels)")
+    if args.tasks:
+        _cache_tasks(args, report)
+        return
+    from t2t.data.builtin import cache
 
-    parser.set_defaults(handler=handler)
+    kwargs = {} if args.num_pieces is None else {"num_pieces": args.num_pieces}
+    corpus = cache.get_or_build(args.cache_dir, report=report, **kwargs)
+    stats = corpus.stats
+    for split in cache.SPLITS:
+        c = stats[f"corpus_{split}"]
+        print(
+            f"{split:>10}: {c['documents']} documents, {c['words']} words, {c['tokens']} tokens; "
+            f"summarize {stats[f'summarize_{split}']['examples']}, "
+            f"package {stats[f'package_{split}']['examples']} examples"
+        )
+    print(f"vocabulary: {corpus.vocabulary_path} ({stats['vocab_size']} ids with sentinels)")
 
 
 def _cache_tasks(args, report) -> None:

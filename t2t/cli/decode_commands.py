@@ -5,45 +5,84 @@ from __future__ import annotations
 
 from t2t.cli.gin_flags import add_gin_flags, configure, ints, lengths
 
-
-def add_decoding_flags(parser) -> None:
-    parser.add_argument("--batch_size", type=int, help="rows per decoding batch (default 32)")
-    parser.add_argument(
-        "--method", choices=("greedy", "beam", "sample"), help="decoding method (default greedy)"
-    )
-    parser.add_argument(
-        "--beam_size", type=int, help="beam width (default 4; implies --method=beam)"
-    )
-    parser.add_argument("--alpha", type=float, help="beam length penalty alpha (default 0.6)")
-    parser.add_argument(
+# The decoding and sharding flags of `eval` and `infer`: (name, add_argument keywords).
+_DECODING_FLAGS = (
+    ("--batch_size", dict(type=int, help="rows per decoding batch (default 32)")),
+    (
+        "--method",
+        dict(choices=("greedy", "beam", "sample"), help="decoding method (default greedy)"),
+    ),
+    ("--beam_size", dict(type=int, help="beam width (default 4; implies --method=beam)")),
+    ("--alpha", dict(type=float, help="beam length penalty alpha (default 0.6)")),
+    (
         "--beam_rule",
-        choices=("t5x", "hf"),
-        help="which beam candidates may finish: t5x (T5X / Mesh TensorFlow, the "
-        "paper's; default) or hf (HF transformers generate)",
-    )
-    parser.add_argument(
+        dict(
+            choices=("t5x", "hf"),
+            help="which beam candidates may finish: t5x (T5X / Mesh TensorFlow, the "
+            "paper's; default) or hf (HF transformers generate)",
+        ),
+    ),
+    (
         "--max_decode_length",
-        type=int,
-        help="output tokens to decode (default: the targets length)",
-    )
-    parser.add_argument(
+        dict(type=int, help="output tokens to decode (default: the targets length)"),
+    ),
+    (
         "--first_cache_length",
-        type=int,
-        help="self-attention cache positions of the first decoding phase; "
-        "longer decodes grow it in phases (default 32; speed only)",
-    )
-    parser.add_argument(
+        dict(
+            type=int,
+            help="self-attention cache positions of the first decoding phase; "
+            "longer decodes grow it in phases (default 32; speed only)",
+        ),
+    ),
+    (
         "--mesh_shape",
-        type=ints,
-        help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; default one device",
-    )
-    parser.add_argument("--sharding_mode", choices=("data_parallel", "tensor_parallel", "fsdp"))
-    parser.add_argument(
+        dict(
+            type=ints, help="DATA,MODEL device mesh (e.g. -1,2) to run sharded; default one device"
+        ),
+    ),
+    ("--sharding_mode", dict(choices=("data_parallel", "tensor_parallel", "fsdp"))),
+    (
         "--module",
-        dest="modules",
-        action="append",
-        help="task registration module to import, e.g. t2t.data.tasks.glue",
-    )
+        dict(
+            dest="modules",
+            action="append",
+            help="task registration module to import, e.g. t2t.data.tasks.glue",
+        ),
+    ),
+)
+# Flags that are fields of `t2t.decoding.DecodingConfig`, passed to the run as one config.
+_DECODING_FIELDS = (
+    "method",
+    "beam_size",
+    "alpha",
+    "beam_rule",
+    "max_decode_length",
+    "min_length",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "first_cache_length",
+)
+
+
+def add_run_flags(
+    parser, function_name: str, flags, *, one_of: tuple[str, ...] = (), decoding: bool = False
+) -> None:
+    """Adds `flags` ((name, add_argument keywords); those named in `one_of` as alternatives),
+    the decoding flags if `decoding`, and the gin flags to `parser`, whose handler calls
+    `t2t.runs.<function_name>` with the flags given (`run_handler`)."""
+    group = parser.add_mutually_exclusive_group() if one_of else None
+    names, exclusive = [], {}
+    for name, keywords in (*flags, *(_DECODING_FLAGS if decoding else ())):
+        (group if name in one_of else parser).add_argument(name, **keywords)
+        dest = keywords.get("dest", name.lstrip("-"))
+        names.append(dest)
+        if name in one_of:  # its "unset" value: False for a switch
+            exclusive[dest] = False if keywords.get("action") == "store_true" else None
+    add_gin_flags(parser)
+    handler = run_handler(function_name, tuple(names), exclusive=exclusive or None)
+    parser.set_defaults(precheck=check_model_dir, handler=handler)
 
 
 def run_handler(
@@ -95,31 +134,45 @@ def check_model_dir(args) -> None:
         )
 
 
-_DECODING = (
-    "batch_size",
-    "method",
-    "beam_size",
-    "alpha",
-    "beam_rule",
-    "max_decode_length",
-    "first_cache_length",
-    "mesh_shape",
-    "sharding_mode",
-    "modules",
-)
-# Flags that are fields of `t2t.decoding.DecodingConfig`, passed to the run as one config.
-_DECODING_FIELDS = (
-    "method",
-    "beam_size",
-    "alpha",
-    "beam_rule",
-    "max_decode_length",
-    "min_length",
-    "temperature",
-    "top_k",
-    "top_p",
-    "seed",
-    "first_cache_length",
+_MODEL_DIR = ("--model_dir", dict(help="the run's model directory"))
+_EVAL_FLAGS = (
+    _MODEL_DIR,
+    ("--tasks", dict(help="task or mixture names, comma-separated")),
+    ("--step", dict(type=int, help="evaluate this step (default: the latest)")),
+    ("--steps", dict(type=ints, help="evaluate these steps (comma-separated)")),
+    ("--all_steps", dict(action="store_true", help="evaluate every saved step")),
+    ("--split", dict(help="the split to evaluate (default validation)")),
+    (
+        "--task_feature_lengths",
+        dict(type=lengths, help="cut examples, e.g. inputs=512,targets=114 (default: no cut)"),
+    ),
+    ("--num_examples", dict(type=int, help="at most this many examples per task")),
+    ("--output_file", dict(help="results JSON (default <model_dir>/eval/results.json)")),
+    (
+        "--log_predictions",
+        dict(
+            action="store_true", help="write predictions per task and step under <model_dir>/eval"
+        ),
+    ),
+    (
+        "--rank_classification",
+        dict(
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="TASKS",
+            help="score every label of a classification task and predict the likeliest instead "
+            "of decoding: all tasks, or these (comma-separated)",
+        ),
+    ),
+    (
+        "--checkpoints",
+        dict(
+            help="evaluate an ensemble of these checkpoints: steps of --model_dir and/or model "
+            "directories (DIR or DIR@STEP), comma-separated; writes "
+            "<model_dir>/eval/ensemble_results.json"
+        ),
+    ),
 )
 
 
@@ -131,67 +184,35 @@ def add_eval(subparsers) -> None:
         "given, or every checkpoint of a model directory. Prints a table per step and the best "
         "checkpoint per task, writes TensorBoard summaries and <model_dir>/eval/results.json.",
     )
-    parser.add_argument("--model_dir", help="the run's model directory")
-    parser.add_argument("--tasks", help="task or mixture names, comma-separated")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, help="evaluate this step (default: the latest)")
-    which.add_argument("--steps", type=ints, help="evaluate these steps (comma-separated)")
-    which.add_argument("--all_steps", action="store_true", help="evaluate every saved step")
-    parser.add_argument("--split", help="the split to evaluate (default validation)")
-    parser.add_argument(
-        "--task_feature_lengths",
-        type=lengths,
-        help="cut examples, e.g. inputs=512,targets=114 (default: no cut)",
+    add_run_flags(
+        parser, "evaluate", _EVAL_FLAGS, one_of=("--step", "--steps", "--all_steps"), decoding=True
     )
-    parser.add_argument("--num_examples", type=int, help="at most this many examples per task")
-    parser.add_argument(
-        "--output_file", help="results JSON (default <model_dir>/eval/results.json)"
-    )
-    parser.add_argument(
-        "--log_predictions",
-        action="store_true",
-        help="write predictions per task and step under <model_dir>/eval",
-    )
-    parser.add_argument(
-        "--rank_classification",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="TASKS",
-        help="score every label of a classification task and "
-        "predict the likeliest instead of decoding: all tasks, or these "
-        "(comma-separated)",
-    )
-    parser.add_argument(
+
+
+_INFER_FLAGS = (
+    _MODEL_DIR,
+    ("--step", dict(type=int, help="checkpoint step (default: the latest)")),
+    (
         "--checkpoints",
-        help="evaluate an ensemble of these checkpoints: steps "
-        "of --model_dir and/or model directories (DIR or DIR@STEP), "
-        "comma-separated; writes <model_dir>/eval/ensemble_results.json",
-    )
-    add_decoding_flags(parser)
-    add_gin_flags(parser)
-    parser.set_defaults(
-        precheck=check_model_dir,
-        handler=run_handler(
-            "evaluate",
-            (
-                "model_dir",
-                "tasks",
-                "step",
-                "steps",
-                "all_steps",
-                "split",
-                "task_feature_lengths",
-                "num_examples",
-                "output_file",
-                "log_predictions",
-                "rank_classification",
-                "checkpoints",
-                *_DECODING,
-            ),
-            exclusive={"step": None, "steps": None, "all_steps": False},
+        dict(
+            help="ensemble members, comma-separated: steps of --model_dir and/or model "
+            "directories (DIR or DIR@STEP)"
         ),
-    )
+    ),
+    ("--input_file", dict(help="JSONL or TSV examples")),
+    ("--task", dict(help="a registered task or mixture")),
+    ("--split", dict(help="the task's split (default validation)")),
+    ("--output_file", dict(help="the JSONL file to write")),
+    ("--mode", dict(choices=("predict", "score"), help="default predict")),
+    ("--vocabulary_file", dict(help="SentencePiece model (default: the checkpoint's)")),
+    ("--inputs_length", dict(type=int, help="cut inputs to this many tokens")),
+    ("--targets_length", dict(type=int, help="cut targets to this many tokens")),
+    ("--num_examples", dict(type=int, help="at most this many examples")),
+    ("--temperature", dict(type=float, help="sampling temperature")),
+    ("--top_k", dict(type=int, help="sampling: keep the k most likely tokens")),
+    ("--top_p", dict(type=float, help="sampling: nucleus mass")),
+    ("--seed", dict(type=int, help="sampling seed")),
+)
 
 
 def add_infer(subparsers) -> None:
@@ -203,55 +224,29 @@ def add_infer(subparsers) -> None:
         "task or mixture, with one checkpoint or an ensemble (logits averaged), and write "
         '{"inputs", "prediction"|"score", "target"?} records as JSON lines.',
     )
-    parser.add_argument("--model_dir", help="the run's model directory")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    parser.add_argument(
-        "--checkpoints",
-        help="ensemble members, comma-separated: steps of "
-        "--model_dir and/or model directories (DIR or DIR@STEP)",
-    )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--input_file", help="JSONL or TSV examples")
-    source.add_argument("--task", help="a registered task or mixture")
-    parser.add_argument("--split", help="the task's split (default validation)")
-    parser.add_argument("--output_file", help="the JSONL file to write")
-    parser.add_argument("--mode", choices=("predict", "score"), help="default predict")
-    parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
-    parser.add_argument("--inputs_length", type=int, help="cut inputs to this many tokens")
-    parser.add_argument("--targets_length", type=int, help="cut targets to this many tokens")
-    parser.add_argument("--num_examples", type=int, help="at most this many examples")
-    parser.add_argument("--temperature", type=float, help="sampling temperature")
-    parser.add_argument("--top_k", type=int, help="sampling: keep the k most likely tokens")
-    parser.add_argument("--top_p", type=float, help="sampling: nucleus mass")
-    parser.add_argument("--seed", type=int, help="sampling seed")
-    add_decoding_flags(parser)
-    add_gin_flags(parser)
-    parser.set_defaults(
-        precheck=check_model_dir,
-        handler=run_handler(
-            "infer",
-            (
-                "output_file",
-                "model_dir",
-                "step",
-                "checkpoints",
-                "input_file",
-                "task",
-                "split",
-                "mode",
-                "vocabulary_file",
-                "inputs_length",
-                "targets_length",
-                "num_examples",
-                "temperature",
-                "top_k",
-                "top_p",
-                "seed",
-                *_DECODING,
-            ),
-            exclusive={"input_file": None, "task": None},
+    add_run_flags(parser, "infer", _INFER_FLAGS, one_of=("--input_file", "--task"), decoding=True)
+
+
+_EXPORT_FLAGS = (
+    _MODEL_DIR,
+    ("--output_dir", dict(help="the release directory to write")),
+    ("--step", dict(type=int, help="checkpoint step (default: the latest)")),
+    ("--vocabulary_file", dict(help="SentencePiece model (default: the checkpoint's)")),
+    (
+        "--eval_results",
+        dict(
+            help="results JSON of `t2t eval` for the model card "
+            "(default <model_dir>/eval/results.json if present)"
         ),
-    )
+    ),
+    (
+        "--overwrite",
+        dict(
+            action="store_true",
+            help="write into a non-empty --output_dir, replacing same-named files",
+        ),
+    ),
+)
 
 
 def add_export(subparsers) -> None:
@@ -262,28 +257,15 @@ def add_export(subparsers) -> None:
         "the run's gin config and a model card, loadable with "
         "T5ForConditionalGeneration.from_pretrained and T5Tokenizer.from_pretrained.",
     )
-    parser.add_argument("--model_dir", help="the run's model directory")
-    parser.add_argument("--output_dir", help="the release directory to write")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
-    parser.add_argument("--vocabulary_file", help="SentencePiece model (default: the checkpoint's)")
-    parser.add_argument(
-        "--eval_results",
-        help="results JSON of `t2t eval` for the model card "
-        "(default <model_dir>/eval/results.json if present)",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="write into a non-empty --output_dir, replacing same-named files",
-    )
-    add_gin_flags(parser)
-    parser.set_defaults(
-        precheck=check_model_dir,
-        handler=run_handler(
-            "export",
-            ("model_dir", "output_dir", "step", "vocabulary_file", "eval_results", "overwrite"),
-        ),
-    )
+    add_run_flags(parser, "export", _EXPORT_FLAGS)
+
+
+_AVERAGE_FLAGS = (
+    _MODEL_DIR,
+    ("--output_dir", dict(help="the new model directory")),
+    ("--last", dict(type=int, help="average the last N checkpoints")),
+    ("--steps", dict(type=ints, help="average these steps (comma-separated)")),
+)
 
 
 def add_average(subparsers) -> None:
@@ -293,17 +275,4 @@ def add_average(subparsers) -> None:
         description="Write the element-wise mean of checkpoints' parameters as a new model "
         "directory (one checkpoint, parameters only), read one checkpoint at a time.",
     )
-    parser.add_argument("--model_dir", help="the run's model directory")
-    parser.add_argument("--output_dir", help="the new model directory")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--last", type=int, help="average the last N checkpoints")
-    which.add_argument("--steps", type=ints, help="average these steps (comma-separated)")
-    add_gin_flags(parser)
-    parser.set_defaults(
-        precheck=check_model_dir,
-        handler=run_handler(
-            "average",
-            ("model_dir", "output_dir", "last", "steps"),
-            exclusive={"last": None, "steps": None},
-        ),
-    )
+    add_run_flags(parser, "average", _AVERAGE_FLAGS, one_of=("--last", "--steps"))

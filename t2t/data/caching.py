@@ -71,7 +71,6 @@ def cache_tasks(
       {task name: its cache directory} for every task now cached there.
     """
     import apache_beam as beam
-    from seqio import beam_utils
 
     tasks = tasks_to_cache(names)
     directories = {
@@ -92,33 +91,39 @@ def cache_tasks(
     options = beam.options.pipeline_options.PipelineOptions(list(pipeline_options))
     with beam.Pipeline(options=options) as pipeline:
         for task in todo:
-            directory = directories[task.name]
             for split in task.splits:
-                label = f"{task.name}_{split}"
-                preprocess = beam_utils.PreprocessTask(task, split, modules_to_import=list(modules))
-                shards = len(preprocess.shards)
-                report(f"{task.name}/{split}: {shards} source shard(s) -> {directory}")
-                examples = (
-                    pipeline
-                    | f"{label}_preprocess" >> preprocess
-                    | f"{label}_shuffle" >> beam.Reshuffle()
-                )
-                _ = examples | f"{label}_write" >> beam_utils.WriteExampleTfRecord(
-                    seqio.get_cached_tfrecord_prefix(directory, split), num_shards=shards
-                )
-                _ = (
-                    examples
-                    | f"{label}_info" >> beam_utils.GetInfo(shards)
-                    | f"{label}_write_info"
-                    >> beam_utils.WriteJson(seqio.get_cached_info_path(directory, split))
-                )
-                _ = (
-                    examples
-                    | f"{label}_stats" >> beam_utils.GetStats(task.output_features)
-                    | f"{label}_write_stats"
-                    >> beam_utils.WriteJson(seqio.get_cached_stats_path(directory, split))
-                )
+                _cache_split(pipeline, task, split, directories[task.name], modules, report)
     for task in todo:  # written once every split is, so a half-built cache is never read
         files.write_text(files.join(directories[task.name], COMPLETED), "")
     report(f"cached {len(todo)} task(s) in {time.time() - start:.1f} s")
     return directories
+
+
+def _cache_split(pipeline, task, split: str, directory: str, modules, report) -> None:
+    """Adds one split's preprocessing to `pipeline`: its examples, info and statistics written
+    where seqio reads a cache."""
+    import apache_beam as beam
+    from seqio import beam_utils
+
+    label = f"{task.name}_{split}"
+    preprocess = beam_utils.PreprocessTask(task, split, modules_to_import=list(modules))
+    shards = len(preprocess.shards)
+    report(f"{task.name}/{split}: {shards} source shard(s) -> {directory}")
+    examples = (
+        pipeline | f"{label}_preprocess" >> preprocess | f"{label}_shuffle" >> beam.Reshuffle()
+    )
+    _ = examples | f"{label}_write" >> beam_utils.WriteExampleTfRecord(
+        seqio.get_cached_tfrecord_prefix(directory, split), num_shards=shards
+    )
+    _ = (
+        examples
+        | f"{label}_info" >> beam_utils.GetInfo(shards)
+        | f"{label}_write_info"
+        >> beam_utils.WriteJson(seqio.get_cached_info_path(directory, split))
+    )
+    _ = (
+        examples
+        | f"{label}_stats" >> beam_utils.GetStats(task.output_features)
+        | f"{label}_write_stats"
+        >> beam_utils.WriteJson(seqio.get_cached_stats_path(directory, split))
+    )

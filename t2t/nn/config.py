@@ -159,48 +159,30 @@ class TransformerConfig:
             )
 
     def _validate_choices(self):
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(
-                f"TransformerConfig.architecture must be one of {ARCHITECTURES}, got "
-                f"{self.architecture!r}."
-            )
-        if self.mlp_activations not in MLP_ACTIVATIONS:
-            raise ValueError(
-                f"TransformerConfig.mlp_activations must be one of {MLP_ACTIVATIONS}, got "
-                f"{self.mlp_activations!r}."
-            )
-        if not isinstance(self.logits_via_embedding, bool):
-            raise TypeError(
-                "TransformerConfig.logits_via_embedding must be a bool, got "
-                f"{self.logits_via_embedding!r}."
-            )
-        if not isinstance(self.float32_attention_logits, bool):
-            raise TypeError(
-                "TransformerConfig.float32_attention_logits must be a bool, got "
-                f"{self.float32_attention_logits!r}."
-            )
-        if not isinstance(self.scan_layers, bool):
-            raise TypeError(
-                f"TransformerConfig.scan_layers must be a bool, got {self.scan_layers!r}."
-            )
-        if not isinstance(self.unroll_layers, bool):
-            raise TypeError(
-                f"TransformerConfig.unroll_layers must be a bool, got {self.unroll_layers!r}."
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"TransformerConfig.attention_impl must be one of {ATTENTION_IMPLS}, got "
-                f"{self.attention_impl!r}."
-            )
-        if self.norm_impl not in NORM_IMPLS:
-            raise ValueError(
-                f"TransformerConfig.norm_impl must be one of {NORM_IMPLS}, got {self.norm_impl!r}."
-            )
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"TransformerConfig.remat_policy must be one of {REMAT_POLICIES}, got "
-                f"{self.remat_policy!r}."
-            )
+        choices = (
+            ("architecture", ARCHITECTURES),
+            ("mlp_activations", MLP_ACTIVATIONS),
+            ("attention_impl", ATTENTION_IMPLS),
+            ("norm_impl", NORM_IMPLS),
+            ("remat_policy", REMAT_POLICIES),
+        )
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be one of {allowed}, got "
+                    f"{getattr(self, name)!r}."
+                )
+        switches = (
+            "logits_via_embedding",
+            "float32_attention_logits",
+            "scan_layers",
+            "unroll_layers",
+        )
+        for name in switches:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"TransformerConfig.{name} must be a bool, got {getattr(self, name)!r}."
+                )
         if self.is_decoder_only and self.num_encoder_layers != 0:
             raise ValueError(
                 f"architecture={self.architecture!r} has no encoder, but num_encoder_layers="

@@ -98,32 +98,27 @@ def compile_train(
             "Give exactly one target: --topology=v5e:4x4 (a TPU slice) or --cpu_devices=N."
         )
     run = _train_bindings()
-    for name, value in (
-        ("batch_size", batch_size),
-        ("mesh_shape", mesh_shape),
-        ("sharding_mode", sharding_mode),
-        ("num_microbatches", num_microbatches),
-    ):
-        if value is not None:
-            run[name] = value
-    for name in ("task_feature_lengths",):
-        if not run[name]:
-            raise ValueError(
-                f"The run binds no {name}; include the gin file of a run "
-                "(gin/runs/pretrain.gin and an objective) or bind it."
-            )
-    config = resolve_model_config(run["model_config"], run["init_checkpoint"])
-    changes = {
-        k: v
-        for k, v in (
-            ("remat_policy", remat_policy),
-            ("scan_layers", scan_layers),
-            ("unroll_layers", unroll_layers),
-            ("attention_impl", attention_impl),
+    given = dict(
+        batch_size=batch_size,
+        mesh_shape=mesh_shape,
+        sharding_mode=sharding_mode,
+        num_microbatches=num_microbatches,
+    )
+    run.update({name: value for name, value in given.items() if value is not None})
+    if not run["task_feature_lengths"]:
+        raise ValueError(
+            "The run binds no task_feature_lengths; include the gin file of a run "
+            "(gin/runs/pretrain.gin and an objective) or bind it."
         )
-        if v is not None
-    }
-    config = config.replace(**changes)
+    network = dict(
+        remat_policy=remat_policy,
+        scan_layers=scan_layers,
+        unroll_layers=unroll_layers,
+        attention_impl=attention_impl,
+    )
+    config = resolve_model_config(run["model_config"], run["init_checkpoint"]).replace(
+        **{name: value for name, value in network.items() if value is not None}
+    )
     if topology is None:
         target = aot.cpu_target(cpu_devices, device_memory_gib)
     elif aot.targets.is_gpu_topology(topology):

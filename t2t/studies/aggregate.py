@@ -95,54 +95,56 @@ def aggregate(
         "baseline_arm": baseline_arm,
         "tasks": tasks,
     }
-    per_seed: dict[str, dict[int, float]] = {}
     for arm in arms:
-        entry: dict[str, Any] = {"tasks": {}}
-        for task in tasks:
-            by_seed = {s: v for (a, t, s), v in sorted(done.items()) if a == arm and t == task}
-            values = list(by_seed.values())
-            stats = spread(values)
-            stats["degenerate"] = sum(v <= baselines.get(task, -math.inf) for v in values)
-            stats["by_seed"] = {str(s): v for s, v in by_seed.items()}
-            entry["tasks"][task] = stats
-        seeds = sorted({s for (a, _, s) in done if a == arm})
-        complete = [s for s in seeds if all((arm, t, s) in done for t in tasks)]
-        per_seed[arm] = {s: float(np.mean([done[(arm, t, s)] for t in tasks])) for s in complete}
-        entry["suite"] = spread(list(per_seed[arm].values()))
-        entry["suite_by_seed"] = {str(s): v for s, v in per_seed[arm].items()}
-        entry["suite_by_unit"] = unit_means(per_seed[arm], (units or {}).get(arm))
-        entry["unit_of_run"] = {
-            str(run): str(((units or {}).get(arm) or {}).get(run, run)) for run in per_seed[arm]
-        }
-        entry["unit_suite"] = spread(list(entry["suite_by_unit"].values()))
-        result["arms"][arm] = entry
+        result["arms"][arm] = _arm_entry(arm, done, tasks, baselines, (units or {}).get(arm))
+    reference = result["arms"][baseline_arm]
     for arm in arms:
-        entry = result["arms"][arm]
-        entry["p_value"] = (
-            None
-            if arm == baseline_arm
-            else welch_p_value(list(per_seed[arm].values()), list(per_seed[baseline_arm].values()))
-        )
-        entry["p_value_units"] = (
-            None
-            if arm == baseline_arm
-            else welch_p_value(
-                list(entry["suite_by_unit"].values()),
-                list(result["arms"][baseline_arm]["suite_by_unit"].values()),
-            )
-        )
-        entry["p_values"] = (
-            {}
-            if arm == baseline_arm
-            else {
-                task: welch_p_value(
-                    [v for (a, t, _), v in done.items() if a == arm and t == task],
-                    [v for (a, t, _), v in done.items() if a == baseline_arm and t == task],
-                )
-                for task in tasks
-            }
-        )
+        if arm != baseline_arm:
+            result["arms"][arm].update(_tests(result["arms"][arm], reference, tasks))
+        else:
+            result["arms"][arm].update(p_value=None, p_value_units=None, p_values={})
     return result
+
+
+def _arm_entry(arm, done, tasks, baselines, units) -> dict[str, Any]:
+    """One arm's spreads by task, of its runs' suite averages and of its units' means."""
+    entry: dict[str, Any] = {"tasks": {}}
+    for task in tasks:
+        by_seed = {s: v for (a, t, s), v in sorted(done.items()) if a == arm and t == task}
+        values = list(by_seed.values())
+        stats = spread(values)
+        stats["degenerate"] = sum(v <= baselines.get(task, -math.inf) for v in values)
+        stats["by_seed"] = {str(s): v for s, v in by_seed.items()}
+        entry["tasks"][task] = stats
+    seeds = sorted({s for (a, _, s) in done if a == arm})
+    complete = [s for s in seeds if all((arm, t, s) in done for t in tasks)]
+    per_seed = {s: float(np.mean([done[(arm, t, s)] for t in tasks])) for s in complete}
+    entry["suite"] = spread(list(per_seed.values()))
+    entry["suite_by_seed"] = {str(s): v for s, v in per_seed.items()}
+    entry["suite_by_unit"] = unit_means(per_seed, units)
+    entry["unit_of_run"] = {str(run): str((units or {}).get(run, run)) for run in per_seed}
+    entry["unit_suite"] = spread(list(entry["suite_by_unit"].values()))
+    return entry
+
+
+def _tests(entry, reference, tasks) -> dict[str, Any]:
+    """Welch's p-values of an arm against the baseline arm: on the suite over runs and over
+    units, and per task over runs."""
+    return {
+        "p_value": welch_p_value(
+            list(entry["suite_by_seed"].values()), list(reference["suite_by_seed"].values())
+        ),
+        "p_value_units": welch_p_value(
+            list(entry["suite_by_unit"].values()), list(reference["suite_by_unit"].values())
+        ),
+        "p_values": {
+            task: welch_p_value(
+                list(entry["tasks"][task]["by_seed"].values()),
+                list(reference["tasks"][task]["by_seed"].values()),
+            )
+            for task in tasks
+        },
+    }
 
 
 def unit_means(by_run: Mapping[Any, float], units: Mapping[Any, str] | None) -> dict[str, float]:

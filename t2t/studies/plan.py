@@ -88,28 +88,14 @@ def design_lines(arms, grid, pilot, timing, **options) -> list[str] | None:
     spreads = {a: s for a, s in spreads.items() if s is not None}
     if not spreads:
         return None
-    paper = options.get("paper") or {}
-    values = {
-        arm: paper_lib.value(paper["table"], row, paper.get("column", "GLUE"))
-        for arm, row in paper.get("rows", {}).items()
-        if arm in set(arms)
-    }
-    values = {arm: v for arm, v in values.items() if v is not None}
+    values = _paper_values(arms, options.get("paper") or {})
     claims = options.get("claims")
     if claims:
         pairs = [tuple(c.split(" > ")) for c in claims]
     else:
         pairs = [(a, b) for i, a in enumerate(values) for b in list(values)[i + 1 :]]
     widest = {level: max(s[level] for s in spreads.values()) for level in ("between", "within")}
-    first = grid[0].arm["stages"]
-    shared = next((st["name"] for st in first[:-1] if st.get("share") in ("seeds", "all")), None)
-    seconds = _stage_seconds([*timing, pilot.get("study_dir") or ""])
-    tasks = len({cell.task for cell in grid})
-    pretraining = statistics.median(seconds[shared]) if shared in seconds else None
-    restart = (
-        statistics.median(seconds[first[-1]["name"]]) if first[-1]["name"] in seconds else None
-    )
-    costs = (pretraining or 1.0, (restart or 1.0) * tasks)
+    costs, timed = _unit_costs(grid, [*timing, pilot.get("study_dir") or ""])
     best = max(float(entry["unit_suite"]["mean"]) for entry in pilot["arms"].values())
     constant = sum(pilot["baselines"].values()) / len(pilot["baselines"])
     lines = [
@@ -124,7 +110,7 @@ def design_lines(arms, grid, pilot, timing, **options) -> list[str] | None:
         "Cost of a pretraining and of one restart on every task: "
         + (
             f"{costs[0]:.0f} s and {costs[1]:.0f} s (medians of the timed stages)"
-            if pretraining and restart
+            if timed
             else "not timed, counted equal"
         )
         + ".",
@@ -148,17 +134,42 @@ def design_lines(arms, grid, pilot, timing, **options) -> list[str] | None:
             pretraining_cost=costs[0],
             restart_cost=costs[1],
         )
-        if design is None:
-            text = "| more than 30 pretrainings | - | - |"
-        else:
-            cost = design["cost"]
-            cost_text = f"{cost / 60:.0f} min" if pretraining and restart else f"{cost:.0f} stages"
-            text = (
-                f"| {design['units']} x {design['restarts']} | {design['power']:.2f} | "
-                f"{cost_text} |"
-            )
-        lines.append(f"| {a} vs {b} | {values[a]:.2f} vs {values[b]:.2f} | {gap:.2f} {text}")
+        lines.append(
+            f"| {a} vs {b} | {values[a]:.2f} vs {values[b]:.2f} | {gap:.2f} "
+            + _design_cells(design, timed)
+        )
     return lines
+
+
+def _paper_values(arms, paper: Mapping[str, Any]) -> dict[str, float]:
+    """The paper's number of each planned arm it has a row for."""
+    values = {
+        arm: paper_lib.value(paper["table"], row, paper.get("column", "GLUE"))
+        for arm, row in paper.get("rows", {}).items()
+        if arm in set(arms)
+    }
+    return {arm: v for arm, v in values.items() if v is not None}
+
+
+def _unit_costs(grid, timing) -> tuple[tuple[float, float], bool]:
+    """(seconds of a pretraining, of one restart on every task) from the timed stages under
+    `timing`, and whether both were timed (else each counts 1)."""
+    first = grid[0].arm["stages"]
+    shared = next((st["name"] for st in first[:-1] if st.get("share") in ("seeds", "all")), None)
+    seconds = _stage_seconds(timing)
+    tasks = len({cell.task for cell in grid})
+    pretraining = statistics.median(seconds[shared]) if shared in seconds else None
+    last = first[-1]["name"]
+    restart = statistics.median(seconds[last]) if last in seconds else None
+    return (pretraining or 1.0, (restart or 1.0) * tasks), bool(pretraining and restart)
+
+
+def _design_cells(design: Mapping[str, Any] | None, timed: bool) -> str:
+    if design is None:
+        return "| more than 30 pretrainings | - | - |"
+    cost = design["cost"]
+    cost_text = f"{cost / 60:.0f} min" if timed else f"{cost:.0f} stages"
+    return f"| {design['units']} x {design['restarts']} | {design['power']:.2f} | {cost_text} |"
 
 
 def stages_to_train(unscored, search_paths) -> list[tuple[str, str | None, int]]:

@@ -91,7 +91,8 @@ def _cell(stats: Mapping[str, Any]) -> str:
 
 
 def markdown(result: Mapping[str, Any]) -> str:
-    tasks, arms = result["tasks"], result["arms"]
+    """The study's report: each arm's scores by task with units and p-values, the claims of the
+    paper with their verdicts, and every pair the paper scores."""
     replicas = result.get("pretrainings")
     restarts = f"seeds {result.get('seeds')}" + (
         f" of each of pretrainings {replicas}" if replicas else ""
@@ -107,27 +108,34 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"`{result['baseline_arm']}` over units (over runs in brackets: restarts of one "
         "checkpoint compare checkpoints, not arms).",
         "",
+        *_arms_table(result),
+        "",
+        "Ordering here (best first): " + " > ".join(result["ordering"]),
+        *_claims_section(result.get("claims")),
+        "",
+        *_paper_section(result.get("paper")),
+    ]
+    if result["missing"]:
+        lines += ["", f"Runs without a result: {len(result['missing'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def _arms_table(result: Mapping[str, Any]) -> list[str]:
+    tasks = result["tasks"]
+    lines = [
         "| arm | " + " | ".join(tasks) + " | suite | min / max | degenerate | units | p |",
         "|---|" + "---|" * (len(tasks) + 5),
     ]
-    for arm, entry in arms.items():
-        cells = [_cell(entry["tasks"][t]) for t in tasks]
+    for arm, entry in result["arms"].items():
         suite = entry["suite"]
         degenerate = sum(entry["tasks"][t]["degenerate"] for t in tasks)
         runs = sum(entry["tasks"][t]["n"] for t in tasks)
         units = entry.get("unit_suite", suite)
         p, p_units = entry.get("p_value"), entry.get("p_value_units")
-        p_text = (
-            "-"
-            if arm == result["baseline_arm"]
-            else (
-                ("-" if p_units is None else f"{p_units:.3g}")
-                + f" ({'-' if p is None else f'{p:.3g}'})"
-            )
-        )
+        p_text = "-" if arm == result["baseline_arm"] else f"{_p(p_units)} ({_p(p)})"
         lines.append(
             f"| {arm} | "
-            + " | ".join(cells)
+            + " | ".join(_cell(entry["tasks"][t]) for t in tasks)
             + f" | {_cell(suite)} | "
             + (f"{suite['min']:.1f} / {suite['max']:.1f}" if suite["n"] else "-")
             + f" | {degenerate}/{runs} | {units['n']}"
@@ -140,52 +148,56 @@ def markdown(result: Mapping[str, Any]) -> str:
         + " | ".join(f"{baselines[t]:.1f}" for t in tasks)
         + f" | {sum(baselines[t] for t in tasks) / len(tasks):.1f} | | | |"
     )
-    lines += ["", "Ordering here (best first): " + " > ".join(result["ordering"])]
-    found = result.get("claims")
-    if found is not None:
-        lines += [
-            "",
-            f"The paper's claims of these arms: {found['reproduced']} reproduced, "
-            f"{found['contradicted']} contradicted, {found['undecided']} undecided (Welch's "
-            "t-test over units, Holm's correction over this study's claims, adjusted p < "
-            f"{claims_lib.SIGNIFICANCE}; undecided where an arm has one unit).",
-            "",
-            *claims_lib.markdown_rows(found["claims"], "p_holm", "verdict"),
-        ]
-    lines.append("")
-    comparison = result.get("paper")
-    if comparison:
-        paper_order = sorted(comparison["values"], key=lambda a: -comparison["values"][a])
-        if comparison["table"] is None:
-            heading = "Ordering in the cited study: " + " > ".join(paper_order)
-        else:
-            heading = (
-                f"Ordering in the paper (Table {comparison['table']}, "
-                f"{comparison['column']}): "
-                + " > ".join(f"{a} ({comparison['values'][a]:.2f})" for a in paper_order)
-            )
-        lines += [
-            heading,
-            "",
-            f"Every pair the paper scores, claimed or not: orderings as the paper's "
-            f"{comparison['reproduced']} of {comparison['compared']}, "
-            f"{comparison.get('significant', 0)} of them with p < {SIGNIFICANCE} over runs "
-            "(uncorrected; the claims above are what counts).",
-            "",
-            "| pair | paper | here | p | reproduced |",
-            "|---|---|---|---|---|",
-        ]
-        for pair in comparison["pairs"]:
-            p = pair.get("p_value")
-            lines.append(
-                f"| {pair['pair'][0]} vs {pair['pair'][1]} | {pair['paper']} | "
-                f"{pair['ours']} | {'-' if p is None else f'{p:.3g}'} | "
-                f"{'yes' if pair['reproduced'] else 'no'} |"
-            )
-        lines += ["", f"Paper: {comparison['citation']}"]
-    if result["missing"]:
-        lines += ["", f"Runs without a result: {len(result['missing'])}."]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _claims_section(found: Mapping[str, Any] | None) -> list[str]:
+    if found is None:
+        return []
+    return [
+        "",
+        f"The paper's claims of these arms: {found['reproduced']} reproduced, "
+        f"{found['contradicted']} contradicted, {found['undecided']} undecided (Welch's "
+        "t-test over units, Holm's correction over this study's claims, adjusted p < "
+        f"{claims_lib.SIGNIFICANCE}; undecided where an arm has one unit).",
+        "",
+        *claims_lib.markdown_rows(found["claims"], "p_holm", "verdict"),
+    ]
+
+
+def _paper_section(comparison: Mapping[str, Any] | None) -> list[str]:
+    if not comparison:
+        return []
+    values = comparison["values"]
+    paper_order = sorted(values, key=lambda a: -values[a])
+    if comparison["table"] is None:
+        heading = "Ordering in the cited study: " + " > ".join(paper_order)
+    else:
+        heading = (
+            f"Ordering in the paper (Table {comparison['table']}, {comparison['column']}): "
+            + " > ".join(f"{a} ({values[a]:.2f})" for a in paper_order)
+        )
+    lines = [
+        heading,
+        "",
+        f"Every pair the paper scores, claimed or not: orderings as the paper's "
+        f"{comparison['reproduced']} of {comparison['compared']}, "
+        f"{comparison.get('significant', 0)} of them with p < {SIGNIFICANCE} over runs "
+        "(uncorrected; the claims above are what counts).",
+        "",
+        "| pair | paper | here | p | reproduced |",
+        "|---|---|---|---|---|",
+    ]
+    for pair in comparison["pairs"]:
+        lines.append(
+            f"| {pair['pair'][0]} vs {pair['pair'][1]} | {pair['paper']} | {pair['ours']} | "
+            f"{_p(pair.get('p_value'))} | {'yes' if pair['reproduced'] else 'no'} |"
+        )
+    return [*lines, "", f"Paper: {comparison['citation']}"]
 
 
 def plot(result: Mapping[str, Any], path: str) -> None:

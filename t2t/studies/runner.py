@@ -125,30 +125,13 @@ def expand(
     follows (the fine-tuning restarts of one pre-trained model, as the paper's tables and
     STILTs' restarts are).
     """
-    specs = list(arm["stages"])
-    if specs and specs[-1].get("evaluate"):
-        unknown = sorted(set(specs[-1]) - set(EVALUATE_KEYS))
-        if unknown or len(specs) < 2:
-            raise ValueError(
-                f"Arm {arm['name']!r}: an evaluate stage has only {EVALUATE_KEYS} "
-                "and follows a training stage."
-            )
-        specs = specs[:-1]
-        evaluates = True
-    else:
-        evaluates = False
+    specs, evaluates = _training_stages(arm)
     replica = "" if pretraining is None else f"pretraining{pretraining}"
     restart = seed  # the directories name the restart; the bound seed is the run's own
-    base = files.join(study_dir, _slug(arm["name"]), replica, f"seed{restart}")
     seed = run_seed(restart, pretraining)
+    where = _Places(study_dir, _slug(arm["name"]), replica, restart, task)
     stages = []
     for index, spec in enumerate(specs):
-        unknown = sorted(set(spec) - set(STAGE_KEYS))
-        if unknown:
-            raise ValueError(
-                f"Arm {arm['name']!r}, stage {spec.get('name')!r}: unknown keys "
-                f"{unknown}; a study stage has {STAGE_KEYS}."
-            )
         last = index == len(specs) - 1 and not evaluates
 
         def fill(text: str, seed: int = seed) -> str:
@@ -170,33 +153,74 @@ def expand(
         bindings = [fill(b, stage_seed) for b in [*own, *_flatten(common)]]
         bindings.append(f"t2t.runs.train.seed = {stage_seed}")
         if last:
-            bindings += [
-                f"MIXTURE_OR_TASK = {task!r}",
-                f"EVAL_TASKS = [{task!r}]",
-                "t2t.runs.CheckpointOptions.best_metrics = {}",
-            ]
-            if lengths and task in lengths:
-                bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")
-        if per_task:
-            directory = files.join(base, task, spec["name"])
-        elif share == "study":
-            directory = files.join(study_dir, "shared", replica, f"seed{restart}", spec["name"])
-        elif share == "seeds":
-            directory = files.join(study_dir, _slug(arm["name"]), replica, spec["name"])
-        elif share == "all":
-            directory = files.join(study_dir, "shared", replica, spec["name"])
-        else:
-            directory = files.join(base, spec["name"])
+            bindings += _target_bindings(task, lengths)
         stages.append(
             chain.Stage(
                 name=spec["name"],
                 gin_files=[fill(f) for f in _flatten(spec["gin_files"])],
                 bindings=bindings,
                 select=spec.get("select", "last"),
-                directory=directory,
+                directory=where.stage(spec["name"], "task" if per_task else share),
             )
         )
     return stages
+
+
+def _training_stages(arm: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], bool]:
+    """The arm's training stages (their keys checked), and whether an evaluate stage follows."""
+    specs = list(arm["stages"])
+    evaluates = bool(specs and specs[-1].get("evaluate"))
+    if evaluates:
+        unknown = sorted(set(specs[-1]) - set(EVALUATE_KEYS))
+        if unknown or len(specs) < 2:
+            raise ValueError(
+                f"Arm {arm['name']!r}: an evaluate stage has only {EVALUATE_KEYS} "
+                "and follows a training stage."
+            )
+        specs = specs[:-1]
+    for spec in specs:
+        unknown = sorted(set(spec) - set(STAGE_KEYS))
+        if unknown:
+            raise ValueError(
+                f"Arm {arm['name']!r}, stage {spec.get('name')!r}: unknown keys "
+                f"{unknown}; a study stage has {STAGE_KEYS}."
+            )
+    return specs, evaluates
+
+
+def _target_bindings(task: str, lengths: Mapping[str, Any] | None) -> list[str]:
+    """The last training stage's: the task trained and evaluated, no best-checkpoint copies."""
+    bindings = [
+        f"MIXTURE_OR_TASK = {task!r}",
+        f"EVAL_TASKS = [{task!r}]",
+        "t2t.runs.CheckpointOptions.best_metrics = {}",
+    ]
+    if lengths and task in lengths:
+        bindings.append(f"TASK_FEATURE_LENGTHS = {dict(lengths[task])!r}")
+    return bindings
+
+
+class _Places(NamedTuple):
+    """Where one run's stages train, by how they are shared (`expand`)."""
+
+    study_dir: str
+    arm: str
+    replica: str
+    restart: int
+    task: str
+
+    def stage(self, name: str, share: str | None) -> str:
+        """`share`: "task" (the run's own), None (the arm's restart), "seeds", "study", "all"."""
+        restart = f"seed{self.restart}"
+        if share == "task":
+            return files.join(self.study_dir, self.arm, self.replica, restart, self.task, name)
+        if share == "study":
+            return files.join(self.study_dir, "shared", self.replica, restart, name)
+        if share == "seeds":
+            return files.join(self.study_dir, self.arm, self.replica, name)
+        if share == "all":
+            return files.join(self.study_dir, "shared", self.replica, name)
+        return files.join(self.study_dir, self.arm, self.replica, restart, name)
 
 
 def run_score(model_dir: str, task: str) -> float | None:

@@ -66,59 +66,15 @@ FAULTS = ("429", "503", "reset", "reset-after", "stall")
 def _certificates(directory: str) -> tuple[str, str]:
     """A throwaway certificate authority and a certificate for GCS's hosts signed by it; returns
     (the authority's PEM file, the host certificate + key PEM file)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
 
     now = datetime.datetime.now(datetime.timezone.utc)
     valid = (now - datetime.timedelta(hours=1), now + datetime.timedelta(days=7))
     authority_key = ec.generate_private_key(ec.SECP256R1())
-    authority_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "t2t GCS emulator CA")])
-    usage = dict.fromkeys(
-        (
-            "content_commitment",
-            "key_encipherment",
-            "data_encipherment",
-            "key_agreement",
-            "encipher_only",
-            "decipher_only",
-        ),
-        False,
-    )
-    authority = (
-        x509.CertificateBuilder()
-        .subject_name(authority_name)
-        .issuer_name(authority_name)
-        .public_key(authority_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid[0])
-        .not_valid_after(valid[1])
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, **usage),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(authority_key.public_key()), critical=False
-        )
-        .sign(authority_key, hashes.SHA256())
-    )
     host_key = ec.generate_private_key(ec.SECP256R1())
-    host = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOSTS[0])]))
-        .issuer_name(authority_name)
-        .public_key(host_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid[0])
-        .not_valid_after(valid[1])
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in HOSTS]), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(authority_key.public_key()), False
-        )
-        .sign(authority_key, hashes.SHA256())
-    )
+    authority = _authority_certificate(authority_key, valid)
+    host = _host_certificate(host_key, authority, authority_key, valid)
     pem = serialization.Encoding.PEM
     authority_file = os.path.join(directory, "ca.pem")
     host_file = os.path.join(directory, "host.pem")
@@ -134,114 +90,210 @@ def _certificates(directory: str) -> tuple[str, str]:
     return authority_file, host_file
 
 
+def _authority_certificate(key, valid):
+    """A self-signed certificate authority that may sign host certificates only."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "t2t GCS emulator CA")])
+    unused = (
+        "content_commitment",
+        "key_encipherment",
+        "data_encipherment",
+        "key_agreement",
+        "encipher_only",
+        "decipher_only",
+    )
+    usage = x509.KeyUsage(
+        digital_signature=True, key_cert_sign=True, crl_sign=True, **dict.fromkeys(unused, False)
+    )
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def _host_certificate(key, authority, authority_key, valid):
+    """A certificate for every host of `HOSTS`, signed by `authority`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOSTS[0])]))
+        .issuer_name(authority.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in HOSTS]), False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(authority_key.public_key()), False
+        )
+        .sign(authority_key, hashes.SHA256())
+    )
+
+
 def _corrected_emulator():
     """gcp-storage-emulator's server module, corrected where GCS behaves otherwise (see the
     module docstring)."""
     from gcp_storage_emulator import server, settings
-    from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
     from gcp_storage_emulator.storage import Storage
 
     if getattr(server, "_t2t_corrected", False):
         return server
-    insert, copy, rewrite, compose = objects.insert, objects.copy, objects.rewrite, objects.compose
-    get, download, delete, patch = objects.get, objects.download, objects.delete, objects.patch
     # Its answers go out in two writes (head, body): without TCP_NODELAY each waits 40 ms for
     # the client's delayed acknowledgement.
     server.RequestHandler.disable_nagle_algorithm = True
     # In memory there is nothing to persist: its index rewrite on every write is quadratic.
     Storage._write_config_to_file = lambda self: None
     Storage._bucket_soft_delete_retention_seconds = lambda self, bucket: 0
+    objects._resumable_incomplete = _resumable_incomplete
+    corrections = _Preconditions(objects)
+    layout = (
+        rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/storageLayout$",
+        {"GET": _storage_layout},
+    )
+    server.HANDLERS = (layout,) + tuple(
+        (pattern, {method: corrections.wrap(h) for method, h in handlers.items()})
+        for pattern, handlers in server.HANDLERS
+    )
+    objects.insert = corrections.wrap(objects.insert)  # the router's fallback for uploads
+    server._t2t_corrected = True
+    return server
 
-    def resumable_incomplete(response, storage, upload_id, fallback_end=0):
-        # GCS sends no Range at all while no byte is persisted; "bytes=0-0" (the emulator's)
-        # says one byte was, and a client resuming from byte 1 is then refused.
-        from gcp_storage_emulator.handlers.objects import GoogleHTTPStatus
 
-        response.status = GoogleHTTPStatus.RESUME_INCOMPLETE
-        received = storage.get_resumable_byte_count(upload_id)
-        if received > 0:
-            response["Range"] = f"bytes=0-{received - 1}"
+def _resumable_incomplete(response, storage, upload_id, fallback_end=0):
+    """GCS sends no Range at all while no byte is persisted; "bytes=0-0" (the emulator's) says
+    one byte was, and a client resuming from byte 1 is then refused."""
+    from gcp_storage_emulator.handlers.objects import GoogleHTTPStatus
 
-    objects._resumable_incomplete = resumable_incomplete
+    response.status = GoogleHTTPStatus.RESUME_INCOMPLETE
+    received = storage.get_resumable_byte_count(upload_id)
+    if received > 0:
+        response["Range"] = f"bytes=0-{received - 1}"
 
-    def current(storage, bucket, name) -> tuple[int, int] | None:
+
+def _storage_layout(request, response, storage, *args, **kwargs):
+    """TensorFlow asks before renaming a "directory"; a flat namespace is GCS's default."""
+    from http import HTTPStatus
+
+    bucket = request.params["bucket_name"]
+    if bucket not in storage.buckets:
+        response.status = HTTPStatus.NOT_FOUND
+        return
+    response.json(
+        {
+            "kind": "storage#storageLayout",
+            "bucket": bucket,
+            "location": "US",
+            "locationType": "multi-region",
+            "hierarchicalNamespace": {"enabled": False},
+        }
+    )
+
+
+class _Preconditions:
+    """The emulator's object handlers with GCS's generation preconditions (`ifGenerationMatch`
+    and the like: 412, or 304 for a read) and generation headers on reads."""
+
+    _FAILED = {
+        "error": {
+            "code": 412,
+            "message": "At least one of the pre-conditions you specified did not hold.",
+        }
+    }
+
+    def __init__(self, objects):
+        self.insert, self.copy, self.rewrite = objects.insert, objects.copy, objects.rewrite
+        self.compose, self.get, self.download = objects.compose, objects.get, objects.download
+        self.delete, self.patch = objects.delete, objects.patch
+
+    @staticmethod
+    def generations(storage, bucket, name) -> tuple[int, int] | None:
+        """(generation, metageneration) of an object, or None where there is none."""
+        from gcp_storage_emulator.exceptions import NotFound
+
         try:
             record = storage.get_file_obj(bucket, name)
         except NotFound:
             return None
         return int(record["generation"]), int(record.get("metageneration") or 1)
 
-    def target(handler, request) -> tuple[str, str] | None:
+    def target(self, handler, request) -> tuple[str, str] | None:
+        """(bucket, object) a request to `handler` acts on; None for other requests."""
         params = request.params or {}
-        if handler is insert:
+        if handler is self.insert:
             if "name" in request.query:
                 return params["bucket_name"], request.query["name"][0]
             data = request.data
             meta = data.get("meta", data) if isinstance(data, dict) else {}
             return params["bucket_name"], meta.get("name", "")
-        if handler in (copy, rewrite):
+        if handler in (self.copy, self.rewrite):
             return params["dest_bucket_name"], params["dest_object_id"]
-        if handler in (get, download, delete, patch):
-            return params["bucket_name"], params["object_id"]
-        if handler is compose:
+        if handler in (self.get, self.download, self.delete, self.patch, self.compose):
             return params["bucket_name"], params["object_id"]
         return None
 
-    def refused(handler, request, storage) -> int | None:
+    def refused(self, handler, request, storage) -> int | None:
         """The status a failed precondition answers with (412, or 304 for a read), or None."""
-        where = target(handler, request)
-        if where is None:
-            return None
+        where = self.target(handler, request)
         query = request.query
-        if not any(k.startswith("ifGeneration") or k.startswith("ifMetag") for k in query):
+        if where is None or not any(k.startswith(("ifGeneration", "ifMetag")) for k in query):
             return None
-        found = current(storage, *where)
-        reading = handler in (get, download)
-        if found is None and handler not in (insert, copy, rewrite):
+        found = self.generations(storage, *where)
+        if found is None and handler not in (self.insert, self.copy, self.rewrite):
             return None  # the handler answers 404
         generation, metageneration = found or (0, 0)
+        unmet = 304 if handler in (self.get, self.download) else 412
         value = lambda key: int(query[key][0])  # noqa: E731
         if "ifGenerationMatch" in query and value("ifGenerationMatch") != generation:
             return 412
         if "ifMetagenerationMatch" in query and value("ifMetagenerationMatch") != metageneration:
             return 412
         if "ifGenerationNotMatch" in query and value("ifGenerationNotMatch") == generation:
-            return 304 if reading else 412
+            return unmet
         if (
             "ifMetagenerationNotMatch" in query
             and value("ifMetagenerationNotMatch") == metageneration
         ):
-            return 304 if reading else 412
+            return unmet
         return None
 
-    def corrected(handler):
+    def wrap(self, handler):
+        """`handler` answering failed preconditions itself, and with generation headers on a
+        read's answer."""
+
         def run(request, response, storage, *args, **kwargs):
             from http import HTTPStatus
 
-            if handler is insert and request.data is None:
+            if handler is self.insert and request.data is None:
                 request._data = b""  # an empty media upload (a "directory" object)
-            status = refused(handler, request, storage)
+            status = self.refused(handler, request, storage)
             if status is not None:
                 response.status = HTTPStatus(status)
                 if status == 412:
-                    response.json(
-                        {
-                            "error": {
-                                "code": 412,
-                                "message": "At least one of the pre-conditions "
-                                "you specified did not hold.",
-                            }
-                        }
-                    )
+                    response.json(self._FAILED)
                 return None
             result = handler(request, response, storage, *args, **kwargs)
-            reading = handler is download or (
-                handler is get and request.query.get("alt", [""])[0] == "media"
+            reading = handler is self.download or (
+                handler is self.get and request.query.get("alt", [""])[0] == "media"
             )
             if reading and response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
                 params = request.params
-                found = current(storage, params["bucket_name"], params["object_id"])
+                found = self.generations(storage, params["bucket_name"], params["object_id"])
                 if found is not None:
                     response["x-goog-generation"] = str(found[0])
                     response["x-goog-metageneration"] = str(found[1])
@@ -249,36 +301,6 @@ def _corrected_emulator():
 
         run.__wrapped__ = handler
         return run
-
-    def storage_layout(request, response, storage, *args, **kwargs):
-        # TensorFlow asks before renaming a "directory"; a flat namespace is GCS's default.
-        from http import HTTPStatus
-
-        bucket = request.params["bucket_name"]
-        if bucket not in storage.buckets:
-            response.status = HTTPStatus.NOT_FOUND
-            return
-        response.json(
-            {
-                "kind": "storage#storageLayout",
-                "bucket": bucket,
-                "location": "US",
-                "locationType": "multi-region",
-                "hierarchicalNamespace": {"enabled": False},
-            }
-        )
-
-    layout = (
-        rf"^{settings.API_ENDPOINT}/b/(?P<bucket_name>[-.\w]+)/storageLayout$",
-        {"GET": storage_layout},
-    )
-    server.HANDLERS = (layout,) + tuple(
-        (pattern, {method: corrected(h) for method, h in handlers.items()})
-        for pattern, handlers in server.HANDLERS
-    )
-    objects.insert = corrected(insert)  # the router's fallback for uploads
-    server._t2t_corrected = True
-    return server
 
 
 class _Faults:
