@@ -17,7 +17,7 @@ from t2t import chain, cli
 from t2t.checkpoints import model_dir as model_dir_lib
 from t2t.checkpoints.manager import CheckpointManager
 
-from .test_runs import SMALL, flat_params
+from .test_runs import MICRO, SMALL, flat_params
 
 CHAINS = sorted(glob.glob("gin/chains/*.gin"))
 FINETUNE = "experiments/tiny_builtin_finetune.gin"
@@ -74,7 +74,7 @@ def pretrained(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("pretrained")
     runs.configure(
-        ["gin/experiments/tiny_builtin_demo.gin"],
+        ["gin/experiments/tiny_builtin_demo.gin", MICRO],
         [f"MODEL_DIR = '{path}'", *SMALL, "TRAIN_STEPS = 2", "t2t.runs.EvalOptions.every = None"],
     )
     runs.train()
@@ -103,7 +103,7 @@ KILLED_CHAIN = textwrap.dedent("""
 
 
 def test_a_chain_starts_each_stage_from_the_selection_and_resumes_exactly(pretrained, tmp_path):
-    bindings = [*SMALL[:6], *COMMON]
+    bindings = COMMON  # the network is the pretrained one's (the suite's micro network)
     straight = tmp_path / "straight"
     result = chain.run(str(straight), STAGES, init_checkpoint=pretrained, bindings=bindings)
     one, two, frozen = result["stages"]

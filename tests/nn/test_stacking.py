@@ -62,8 +62,7 @@ def loss_and_grads(cfg, features, seed=0):
         (
             "encoder_decoder",
             (
-                (False, "full"),
-                (True, "none"),
+                (False, "full"),  # scanned without remat: the decoding and Adafactor tests below
                 (True, "dots_with_no_batch_dims"),
                 (True, "full", True),  # unroll_layers
             ),
