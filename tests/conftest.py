@@ -2,7 +2,7 @@
 
 Eight host CPU devices are requested before JAX initializes, so sharding tests can build real
 meshes (2x4, 8x1) on a machine without accelerators. Tests that do not shard run on device 0.
-The built-in corpus is built once per session (worker) into a temporary cache directory.
+The built-in corpus is built once per session, shared by the workers, in a temporary directory.
 """
 
 import collections
@@ -36,12 +36,26 @@ if _CACHE_OWNER:
         os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 
+# The built-in corpus, likewise once per test session: the controller names the directory, the
+# first worker to need it builds it (about 12 s of CPU) under a lock, the others read it.
+if "T2T_TEST_CORPUS_DIR" not in os.environ:
+    os.environ["T2T_TEST_CORPUS_DIR"] = tempfile.mkdtemp(prefix="t2t-tests-corpus-")
+    _CORPUS_OWNER = True
+else:
+    _CORPUS_OWNER = False
+
+
 @pytest.fixture(scope="session")
-def builtin_corpus(tmp_path_factory):
-    """The real built-in corpus (text, supervised tasks, vocabulary) in a temporary cache dir."""
+def builtin_corpus():
+    """The real built-in corpus (text, supervised tasks, vocabulary) in the session's cache dir."""
+    import fcntl
+
     from t2t.data.builtin import cache
 
-    return cache.get_or_build(str(tmp_path_factory.mktemp("t2t_cache")))
+    root = os.environ["T2T_TEST_CORPUS_DIR"]
+    with open(os.path.join(root, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return cache.get_or_build(root)
 
 
 @pytest.fixture(scope="session")
@@ -141,3 +155,5 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if _CACHE_OWNER and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+    if _CORPUS_OWNER and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["T2T_TEST_CORPUS_DIR"], ignore_errors=True)
