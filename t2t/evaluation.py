@@ -402,16 +402,7 @@ def evaluate_model_dir(
     from t2t.checkpoints import model_dir as model_dir_lib
 
     directory = model_dir_lib.ModelDir(model_dir)
-    newest = None
-    if steps == "all":
-        chosen = directory.steps()
-    elif steps is None:
-        newest = directory.load(None, partitioner=partitioner)  # the newest intact checkpoint
-        chosen = [newest.step]
-    else:
-        chosen = [directory.resolve_step(int(s)) for s in steps]
-    if not chosen:
-        raise FileNotFoundError(f"{model_dir} holds no checkpoint to evaluate.")
+    chosen, newest = _chosen_steps(directory, steps, partitioner)
     config = directory.config(chosen[-1])
     model = models.model_for(config)
     log_dir = files.join(directory.path, "eval")
@@ -423,23 +414,7 @@ def evaluate_model_dir(
         console=console,
         **evaluator_options,
     )
-    skipped = {}
-    for step in chosen:
-        try:
-            params = _params_to_evaluate(directory, step, config, newest, partitioner)
-        except CorruptCheckpointError as error:
-            if steps != "all":
-                raise  # a step asked for by number: its damage is the answer
-            skipped[step] = f"{error.item}: {error.detail}"
-            print(
-                f"Skipped step {step}: its checkpoint is damaged ({skipped[step]}).",
-                file=sys.stderr,
-                flush=True,
-            )
-            continue
-        newest = None
-        evaluator(params, step)
-        del params
+    skipped = _evaluate_steps(evaluator, directory, chosen, config, newest, partitioner, steps)
     if not evaluator.history:
         raise CorruptCheckpointError(
             model_dir, chosen[-1], "every checkpoint", f"none could be evaluated: {skipped}"
@@ -457,6 +432,44 @@ def evaluate_model_dir(
         results["skipped_damaged"] = {str(s): why for s, why in skipped.items()}
     _write_json(output_file or files.join(log_dir, RESULTS_FILE), results)
     return results
+
+
+def _chosen_steps(directory, steps, partitioner) -> tuple[list[int], Any]:
+    """The steps `evaluate_model_dir` evaluates; for the latest, also its restored checkpoint
+    (the newest intact one, read once)."""
+    if steps == "all":
+        chosen, newest = directory.steps(), None
+    elif steps is None:
+        newest = directory.load(None, partitioner=partitioner)  # the newest intact checkpoint
+        chosen = [newest.step]
+    else:
+        chosen, newest = [directory.resolve_step(int(s)) for s in steps], None
+    if not chosen:
+        raise FileNotFoundError(f"{directory.path} holds no checkpoint to evaluate.")
+    return chosen, newest
+
+
+def _evaluate_steps(evaluator, directory, chosen, config, newest, partitioner, steps):
+    """Evaluates each chosen step; with `steps="all"` a damaged one is skipped and said (and
+    returned, step -> why), a step asked for by number raises its damage."""
+    skipped = {}
+    for step in chosen:
+        try:
+            params = _params_to_evaluate(directory, step, config, newest, partitioner)
+        except CorruptCheckpointError as error:
+            if steps != "all":
+                raise  # a step asked for by number: its damage is the answer
+            skipped[step] = f"{error.item}: {error.detail}"
+            print(
+                f"Skipped step {step}: its checkpoint is damaged ({skipped[step]}).",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
+        newest = None
+        evaluator(params, step)
+        del params
+    return skipped
 
 
 def _params_to_evaluate(directory, step: int, config, newest, partitioner):
