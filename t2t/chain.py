@@ -149,29 +149,35 @@ def run(
             print(record["command"], flush=True)
             records.append(record)
             continue
-        directory = record["model_dir"]
         runs.configure(stage.gin_files, stage_bindings, search_paths)
-        record["skipped"] = _finished(directory)
-        if record["skipped"]:
-            print(f"chain: stage {stage.name!r} is finished in {directory}; skipped", flush=True)
-        else:
-            previous = record["init_checkpoint"]
-            print(
-                f"chain: stage {stage.name!r} -> {directory}"
-                + (f" (from {previous})" if previous else ""),
-                flush=True,
-            )
-            start_step = step_in(directory)
-            started = time.perf_counter()
-            runs.train()
-            record["seconds"] = round(time.perf_counter() - started, 1)
-            record["trained_steps"] = step_in(directory) - start_step
-        from t2t.trainer import sources
-
-        record["selected_step"] = sources.resolve(record["selection"])[1] or _latest(directory)
+        _run_stage(stage, record)
         records.append(record)
         _write_record(model_dir, records)
     return {"stages": records}
+
+
+def _run_stage(stage: Stage, record: dict[str, Any]) -> None:
+    """Trains one configured stage unless its directory is finished; fills in `record`."""
+    from t2t import runs
+    from t2t.trainer import sources
+
+    directory = record["model_dir"]
+    record["skipped"] = _finished(directory)
+    if record["skipped"]:
+        print(f"chain: stage {stage.name!r} is finished in {directory}; skipped", flush=True)
+    else:
+        previous = record["init_checkpoint"]
+        print(
+            f"chain: stage {stage.name!r} -> {directory}"
+            + (f" (from {previous})" if previous else ""),
+            flush=True,
+        )
+        start_step = step_in(directory)
+        started = time.perf_counter()
+        runs.train()
+        record["seconds"] = round(time.perf_counter() - started, 1)
+        record["trained_steps"] = step_in(directory) - start_step
+    record["selected_step"] = sources.resolve(record["selection"])[1] or _latest(directory)
 
 
 def validate(

@@ -91,17 +91,10 @@ class Evaluator:
         names = (
             [mixtures_or_tasks] if isinstance(mixtures_or_tasks, str) else list(mixtures_or_tasks)
         )
-        if not names:
-            raise ValueError("Expected at least one task or mixture name to evaluate.")
         if log_predictions and not log_dir:
             raise ValueError("log_predictions writes under log_dir; pass log_dir too.")
-        from t2t.data import registry
-
-        for name in names:  # offline readiness first: the vocabulary check reads the files
-            registry.check_ready(registry.get_task_or_mixture(name))
-        _check_vocabularies(model, names)
         self._seqio = seqio.Evaluator(
-            _one_name(names),
+            _one_name(_checked_names(model, names)),
             model.feature_converter(pack=False, for_inference=True, count_trimmed=True),
             eval_split=split,
             sequence_length=task_feature_lengths,
@@ -258,6 +251,18 @@ def _scalar(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _checked_names(model: models.BaseModel, names: list[str]) -> list[str]:
+    """`names`, each a task or mixture readable offline whose vocabulary fits `model`."""
+    from t2t.data import registry
+
+    if not names:
+        raise ValueError("Expected at least one task or mixture name to evaluate.")
+    for name in names:  # offline readiness first: the vocabulary check reads the files
+        registry.check_ready(registry.get_task_or_mixture(name))
+    _check_vocabularies(model, names)
+    return names
 
 
 def _check_vocabularies(model: models.BaseModel, names: Sequence[str]) -> None:

@@ -70,6 +70,32 @@ def export(
     loaded = directory.load(step)  # the newest intact checkpoint when step is None
     step, config = loaded.step, loaded.config
     _check_architecture(config)
+    vocabulary_file, extra_ids, pieces = _release_vocabulary(
+        directory, step, config, vocabulary_file
+    )
+    metadata = loaded.metadata
+    pure = loaded.params.to_pure_dict()
+    hf.export_hf(output_dir, config, pure)
+    _write_generation_config(output_dir)
+    _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata)
+    gin_config = directory.gin_config_path()
+    if gin_config:
+        files.copy(gin_config, files.join(output_dir, model_dir_lib.CONFIG_GIN))
+    files.write_text(files.join(output_dir, METADATA_FILE), manager_lib.dumps_metadata(metadata))
+    results_file = eval_results or files.join(directory.path, "eval", "results.json")
+    results = _read_results(results_file, required=eval_results is not None)
+    name, has_gin = files.basename(files.absolute(output_dir)), gin_config is not None
+    card = model_card(
+        config, metadata, num_params=_count(pure), results=results, has_gin=has_gin, name=name
+    )
+    files.write_text(files.join(output_dir, CARD_FILE), card)
+    _uniform_modes(output_dir)
+    return output_dir
+
+
+def _release_vocabulary(directory, step: int, config, vocabulary_file: str | None):
+    """(file, sentinels, piece names) of the released vocabulary: `vocabulary_file` or the
+    checkpoint's, refused when it has more ids than the model's embedding rows."""
     if vocabulary_file is None:
         vocabulary_file, extra_ids = directory.vocabulary_file(step)
     else:
@@ -81,30 +107,7 @@ def export(
             f"sentinels, more than the model's {config.vocab_size} embedding rows; pass the "
             "vocabulary the model was trained with."
         )
-    params, metadata = loaded.params, loaded.metadata
-    pure = params.to_pure_dict()
-    hf.export_hf(output_dir, config, pure)
-    _write_generation_config(output_dir)
-    _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, metadata)
-    gin_config = directory.gin_config_path()
-    if gin_config:
-        files.copy(gin_config, files.join(output_dir, model_dir_lib.CONFIG_GIN))
-    files.write_text(files.join(output_dir, METADATA_FILE), manager_lib.dumps_metadata(metadata))
-    results = _read_results(
-        eval_results or files.join(directory.path, "eval", "results.json"),
-        required=eval_results is not None,
-    )
-    card = model_card(
-        config,
-        metadata,
-        num_params=_count(pure),
-        results=results,
-        has_gin=gin_config is not None,
-        name=files.basename(files.absolute(output_dir)),
-    )
-    files.write_text(files.join(output_dir, CARD_FILE), card)
-    _uniform_modes(output_dir)
-    return output_dir
+    return vocabulary_file, extra_ids, pieces
 
 
 def _check_output_dir(model_dir: str, output_dir: str, overwrite: bool) -> None:

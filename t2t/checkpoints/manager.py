@@ -360,6 +360,16 @@ class CheckpointManager:
             return self._restore_step(
                 self._resolve_step(step), abstract_params, abstract_opt_state, data_iterator
             )
+        return self._restore_newest(abstract_params, abstract_opt_state, data_iterator, on_damaged)
+
+    def _restore_newest(
+        self,
+        abstract_params: nnx.State,
+        abstract_opt_state: Any,
+        data_iterator: SavableIterator | None,
+        on_damaged: Callable[[CorruptCheckpointError], None] | None,
+    ) -> Restored:
+        """The newest checkpoint that restores intact, the damaged ones after it skipped."""
         candidates = self.all_steps()
         if not candidates:
             raise FileNotFoundError(f"No checkpoint under {self.directory}.")
@@ -505,33 +515,45 @@ class CheckpointManager:
             ]
         checksums = metadata.get("checksums") or {}
         problems = []
-        device = jax.local_devices(backend="cpu")[0]
         for name in ("params", "opt_state"):
             item = saved.get(name)
             if item is None:
                 if name == "params" or name in checksums:
                     problems.append(f"{name}: the item is missing")
                 continue
-            tree = getattr(item, "tree", item)
-            target = jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(
-                    a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
-                ),
-                tree,
-            )
-            try:
-                with _quiet_abandoned_reads():
-                    values = self._manager.restore(
-                        step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)})
-                    )[name]
-            except Exception as error:  # noqa: BLE001
-                problems.append(f"{name}: {_first_line(error)}")
-                continue
-            if name in checksums:
-                wrong = integrity.mismatches(checksums[name], values)
-                if wrong:
-                    problems.append(f"{name}: {integrity.describe(wrong)}")
-            del values
+            problem = self._verify_item(step, name, item, checksums.get(name))
+            if problem:
+                problems.append(f"{name}: {problem}")
+        problems += self._verify_iterators(step)
+        if problems:
+            return "damaged", problems
+        return ("ok" if checksums else "unverified"), []
+
+    def _verify_item(self, step: int, name: str, item: Any, checksums: Any) -> str | None:
+        """What is wrong with array item `name` of `step` (read on the first CPU), or None."""
+        device = jax.local_devices(backend="cpu")[0]
+        target = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
+            ),
+            getattr(item, "tree", item),
+        )
+        try:
+            with _quiet_abandoned_reads():
+                values = self._manager.restore(
+                    step, args=ocp.args.Composite(**{name: ocp.args.StandardRestore(target)})
+                )[name]
+        except Exception as error:  # noqa: BLE001
+            return _first_line(error)
+        if checksums is not None:
+            wrong = integrity.mismatches(checksums, values)
+            if wrong:
+                return integrity.describe(wrong)
+        return None
+
+    def _verify_iterators(self, step: int) -> list[str]:
+        """The data-iterator folders of `step` whose files differ from their digests."""
+        problems = []
         iterators = self.directory / str(step) / "data_iterator"
         if iterators.exists():
             for path in sorted(iterators.iterdir()):
@@ -542,9 +564,7 @@ class CheckpointManager:
                             f"data_iterator/{path.name}: files differ from their "
                             f"checksums: {', '.join(damaged)}"
                         )
-        if problems:
-            return "damaged", problems
-        return ("ok" if checksums else "unverified"), []
+        return problems
 
     def set_aside(self, step: int) -> str:
         """Moves the checkpoint of `step` to `<model_dir>/damaged_checkpoints/<step>` (kept for

@@ -199,6 +199,16 @@ def train_sentencepiece(
             f"num_pieces must be at least 8 (PAD, EOS, UNK and text), got {num_pieces}."
         )
     spm.set_random_generator_seed(seed)
+    model = _train_unigram(documents, num_pieces, character_coverage, max_sentences)
+    _write_atomically(model_path, model)
+    logging.info("Wrote a %d-piece SentencePiece model to %s", num_pieces, model_path)
+    return model_path
+
+
+def _train_unigram(
+    documents: Iterable[str], num_pieces: int, character_coverage: float, max_sentences: int
+) -> bytes:
+    """The serialized unigram model; an error raised while reading `documents` is re-raised."""
     model = io.BytesIO()
     # NOTE: SentencePiece swallows an exception raised by the sentence iterator and reports an
     # empty corpus instead; keep the real error to raise it.
@@ -232,9 +242,7 @@ def train_sentencepiece(
         raise _training_error(error, num_pieces) from error
     if source_errors:
         raise source_errors[0]
-    _write_atomically(model_path, model.getvalue())
-    logging.info("Wrote a %d-piece SentencePiece model to %s", num_pieces, model_path)
-    return model_path
+    return model.getvalue()
 
 
 def _training_error(error: RuntimeError, num_pieces: int) -> Exception:

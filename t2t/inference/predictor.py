@@ -69,29 +69,7 @@ class Predictor:
                 )
         self._rng = jax.random.PRNGKey(config.seed)
         self.max_decode_length = config.max_decode_length
-        method = config.method
-
-        def predict(params, batch, rng, max_decode_length):
-            extra = {"rng": rng} if method == "sample" else {}
-            tokens, aux = model.predict_batch_with_aux(
-                params, batch, config, max_decode_length=max_decode_length, **extra
-            )
-            return tokens, aux.get("scores")
-
-        def score(params, batch):  # an ensemble's score: the mean of its members'
-            if isinstance(params, nnx.State):
-                return model.score_batch(params, batch)
-            return jnp.mean(jnp.stack([model.score_batch(p, batch) for p in params]), axis=0)
-
-        def rank(params, batch, candidates):  # [B, C] log-likelihoods (members' mean)
-            members = [params] if isinstance(params, nnx.State) else list(params)
-            scores = [model.rank_classification(p, batch, candidates)[1] for p in members]
-            return jnp.mean(jnp.stack(scores), axis=0)
-
-        replicated = {} if partitioner is None else {"out_shardings": partitioner.replicated}
-        self._predict = jax.jit(predict, static_argnums=3, **replicated)
-        self._score = jax.jit(score, **replicated)
-        self._rank = jax.jit(rank, **replicated)
+        self._predict, self._score, self._rank = _jitted(model, config, partitioner)
 
     def predict(
         self, params: Params, examples: Iterable[Example], *, max_decode_length: int | None = None
@@ -188,3 +166,32 @@ def _as_params(params: Params) -> Params:
             f"got {[type(p).__name__ for p in params] or 'an empty sequence'}."
         )
     return params
+
+
+def _jitted(model: models.BaseModel, config: decoding.DecodingConfig, partitioner: Any):
+    """The predictor's three jitted calls: decode, score, rank (an ensemble's: members' mean)."""
+    method = config.method
+
+    def predict(params, batch, rng, max_decode_length):
+        extra = {"rng": rng} if method == "sample" else {}
+        tokens, aux = model.predict_batch_with_aux(
+            params, batch, config, max_decode_length=max_decode_length, **extra
+        )
+        return tokens, aux.get("scores")
+
+    def score(params, batch):  # an ensemble's score: the mean of its members'
+        if isinstance(params, nnx.State):
+            return model.score_batch(params, batch)
+        return jnp.mean(jnp.stack([model.score_batch(p, batch) for p in params]), axis=0)
+
+    def rank(params, batch, candidates):  # [B, C] log-likelihoods (members' mean)
+        members = [params] if isinstance(params, nnx.State) else list(params)
+        scores = [model.rank_classification(p, batch, candidates)[1] for p in members]
+        return jnp.mean(jnp.stack(scores), axis=0)
+
+    replicated = {} if partitioner is None else {"out_shardings": partitioner.replicated}
+    return (
+        jax.jit(predict, static_argnums=3, **replicated),
+        jax.jit(score, **replicated),
+        jax.jit(rank, **replicated),
+    )

@@ -72,34 +72,24 @@ def infer(
     predictor = Predictor(
         models.model_for(loaded.config), partitioner=partitioner, **predictor_options
     )
+    lengths = (inputs_length, targets_length)
     if task is not None:
-        records = _task_records(
-            predictor,
-            params,
-            loaded,
-            task,
-            mode,
-            split,
-            inputs_length,
-            targets_length,
-            num_examples,
-        )
+        records = _task_records(predictor, params, loaded, task, mode, split, lengths, num_examples)
     else:
         vocabulary = _file_vocabulary(loaded, model_dir, checkpoints, vocabulary_file)
         examples = read_examples(input_file)[:num_examples]
-        records = _file_records(
-            predictor, params, loaded, vocabulary, examples, mode, inputs_length, targets_length
-        )
+        records = _file_records(predictor, params, loaded, vocabulary, examples, mode, lengths)
     return write_jsonl(output_file, records)
 
 
 def _task_records(
-    predictor, params, loaded, task, mode, split, inputs_length, targets_length, num_examples
+    predictor, params, loaded, task, mode, split, lengths, num_examples
 ) -> Iterable[dict]:
     """`infer`'s records of a registered task or mixture, checked readable offline and
-    tokenized within the model's vocabulary."""
+    tokenized within the model's vocabulary; `lengths` = (inputs, targets) or (None, None)."""
     from t2t.data import registry
 
+    inputs_length, targets_length = lengths
     if bool(inputs_length) != bool(targets_length):
         raise ValueError("Pass both inputs_length and targets_length for a task, or neither.")
     provider = registry.get_task_or_mixture(task)
@@ -138,11 +128,10 @@ def _file_vocabulary(loaded, model_dir, checkpoints, vocabulary_file):
     return vocabulary
 
 
-def _file_records(
-    predictor, params, loaded, vocabulary, examples, mode, inputs_length, targets_length
-) -> Iterable[dict]:
-    """`infer`'s records of a file's examples. Without lengths, texts are cut to what the model
-    trained on: one 100k-character line must not ask for an unbounded batch."""
+def _file_records(predictor, params, loaded, vocabulary, examples, mode, lengths) -> Iterable[dict]:
+    """`infer`'s records of a file's examples. Without `lengths` (inputs, targets), texts are cut
+    to what the model trained on: one 100k-character line must not ask for an unbounded batch."""
+    inputs_length, targets_length = lengths
     trained = loaded.metadata.get("task_feature_lengths") or {}
     inputs_length = inputs_length or int(trained.get("inputs") or DEFAULT_INPUTS_LENGTH)
     if mode == "predict":

@@ -155,28 +155,41 @@ def apply_layers(
         layers = unstack_module(layers, num_layers)
         if isinstance(shared, nnx.Module):
             shared = unstack_module(shared, num_layers)
-    scanned = isinstance(layers, nnx.Module)
-    graphdef, state = nnx.split(layers) if scanned else (None, None)
-    shared_graphdef, shared_state = (
-        nnx.split(shared) if scanned and shared is not None else (None, None)
-    )
+    if isinstance(layers, nnx.Module):
+        return _scan(body, layers, shared, x, keys, policy, num_layers)
+    return _loop(body, layers, shared, x, keys, policy)
+
+
+def _merged(body: Callable[..., tuple[jax.Array, Any]]) -> Callable[..., tuple[jax.Array, Any]]:
+    """`body` over split modules (graph definitions and states), as jax's transforms take them."""
 
     def pure(layer_graphdef, layer_state, shared_graphdef, shared_state, x, key):
         layer = nnx.merge(layer_graphdef, layer_state)
         borrowed = None if shared_state is None else nnx.merge(shared_graphdef, shared_state)
         return body(layer, borrowed, x, _rngs_of(key))
 
-    if scanned:
+    return pure
 
-        def step(x, inputs):
-            layer_state, borrowed_state, key = inputs
-            return pure(graphdef, layer_state, shared_graphdef, borrowed_state, x, key)
 
-        if policy is not None:
-            step = jax.checkpoint(step, policy=policy, prevent_cse=False)
-        x, outputs = jax.lax.scan(step, x, (state, shared_state, keys))
-        return x, [jax.tree.map(lambda y, i=i: y[i], outputs) for i in range(num_layers)]
+def _scan(body, layers, shared, x, keys, policy, num_layers) -> tuple[jax.Array, list[Any]]:
+    """`apply_layers` over a stacked module: one `lax.scan` over its leading axis."""
+    pure = _merged(body)
+    graphdef, state = nnx.split(layers)
+    shared_graphdef, shared_state = (None, None) if shared is None else nnx.split(shared)
 
+    def step(x, inputs):
+        layer_state, borrowed_state, key = inputs
+        return pure(graphdef, layer_state, shared_graphdef, borrowed_state, x, key)
+
+    if policy is not None:
+        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
+    x, outputs = jax.lax.scan(step, x, (state, shared_state, keys))
+    return x, [jax.tree.map(lambda y, i=i: y[i], outputs) for i in range(num_layers)]
+
+
+def _loop(body, layers, shared, x, keys, policy) -> tuple[jax.Array, list[Any]]:
+    """`apply_layers` over a list of layer modules, one by one."""
+    pure = _merged(body)
     outputs = []
     for i, layer in enumerate(layers):
         key = None if keys is None else keys[i]

@@ -122,23 +122,26 @@ def design_lines(arms, grid, pilot, timing, **options) -> list[str] | None:
         "| arms | paper | gap here | pretrainings x restarts | power | cost per arm |",
         "|---|---|---|---|---|---|",
     ]
-    for a, b in pairs:
-        if a not in values or b not in values:
-            lines.append(f"| {a} vs {b} | - | - | the paper scores only one: no gap | - | - |")
-            continue
-        gap = power.expected_gap(values[a], values[b], best, constant)
-        design = power.plan_design(
-            gap,
-            spreads.get(a, widest),
-            spreads.get(b, widest),
-            pretraining_cost=costs[0],
-            restart_cost=costs[1],
-        )
-        lines.append(
-            f"| {a} vs {b} | {values[a]:.2f} vs {values[b]:.2f} | {gap:.2f} "
-            + _design_cells(design, timed)
-        )
-    return lines
+    scale = (best, constant)
+    return lines + [_pair_row(a, b, values, spreads, widest, scale, costs, timed) for a, b in pairs]
+
+
+def _pair_row(a, b, values, spreads, widest, scale, costs, timed) -> str:
+    """The design table's row for arms `a` vs `b`: the paper's gap carried over to this
+    study's `scale` (best unit mean, constant baseline), and the cheapest design for it."""
+    if a not in values or b not in values:
+        return f"| {a} vs {b} | - | - | the paper scores only one: no gap | - | - |"
+    gap = power.expected_gap(values[a], values[b], *scale)
+    design = power.plan_design(
+        gap,
+        spreads.get(a, widest),
+        spreads.get(b, widest),
+        pretraining_cost=costs[0],
+        restart_cost=costs[1],
+    )
+    return f"| {a} vs {b} | {values[a]:.2f} vs {values[b]:.2f} | {gap:.2f} " + _design_cells(
+        design, timed
+    )
 
 
 def _paper_values(arms, paper: Mapping[str, Any]) -> dict[str, float]:

@@ -125,8 +125,23 @@ def init_or_restore(
         _refuse_silent_restart(manager)
     if latest is not None:
         return _restore(manager, abstract_params, tx, partitioner, train_data)
+    params, origin = _first_params(
+        config, abstract_params, partitioner, init_checkpoint, finetuning, seed
+    )
+    return TrainState(params, partitioner.init_optimizer(tx, params), origin=origin)
+
+
+def _first_params(
+    config: TransformerConfig,
+    abstract_params: nnx.State,
+    partitioner: Partitioner,
+    init_checkpoint: str | None,
+    finetuning: FineTuning,
+    seed: int,
+) -> tuple[nnx.State, dict]:
+    """A fresh run's parameters and their origin: `init_checkpoint`'s, or random from `seed`."""
     if init_checkpoint:
-        params, origin = load_params(
+        return load_params(
             init_checkpoint,
             config,
             abstract_params,
@@ -135,10 +150,8 @@ def init_or_restore(
             seed=seed,
             prompt_init=finetuning.prompt_init,
         )
-    else:
-        module = partitioner.init_model(lambda: t2t_nn.build(config, nnx.Rngs(params=seed)))
-        params, origin = nnx.split(module)[1], {"kind": "random", "seed": seed}
-    return TrainState(params, partitioner.init_optimizer(tx, params), origin=origin)
+    module = partitioner.init_model(lambda: t2t_nn.build(config, nnx.Rngs(params=seed)))
+    return nnx.split(module)[1], {"kind": "random", "seed": seed}
 
 
 def abstract_model(config: TransformerConfig, partitioner: Partitioner, seed: int) -> nnx.State:

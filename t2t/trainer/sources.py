@@ -215,6 +215,14 @@ def load_params(
     if source.lora_rank and not config.lora_rank:
         values, source = t2t_nn.merge_lora(values, source)
         description["merged_lora"] = True
+    merged = _with_fresh(values, config, partitioner, reinit, seed, prompt_init, description)
+    return _place(merged, abstract_params), description
+
+
+def _with_fresh(values, config, partitioner, reinit, seed, prompt_init, description) -> dict:
+    """`values` with the parameters the source lacks, or `reinit` names, from the run's random
+    initialization (a new soft prompt from sampled vocabulary embeddings with "vocabulary");
+    what was initialized is added to `description`."""
     if partitioner is None:
         raise ValueError(
             "Initializing added or re-initialized parameters needs the run's partitioner."
@@ -230,7 +238,7 @@ def load_params(
             merged["token_embedder"]["embedding"], config.prompt_length, seed
         )
         description["prompt_tokens"] = tokens
-    return _place(merged, abstract_params), description
+    return merged
 
 
 def same_network(source: TransformerConfig, config: TransformerConfig) -> bool:
