@@ -737,19 +737,7 @@ def beam_search(
         raise ValueError(f"Expected beam_size >= 1 and alpha >= 0, got {beam_size}, {alpha}.")
     if rule not in BEAM_RULES:
         raise ValueError(f"Expected rule in {BEAM_RULES}, got {rule!r}.")
-    batch_size = cache_batch_size(cache)
-    start = _start_tokens(loop.start_tokens, batch_size)
-    empty = jnp.full((batch_size, beam_size), NEG_INF, jnp.float32)
-    initial = _BeamState(
-        step=jnp.array(0, jnp.int32),
-        alive_tokens=jnp.repeat(start[:, None], beam_size, axis=1),
-        alive_seqs=jnp.zeros((batch_size, beam_size, max_decode_length), jnp.int32),
-        # Only the first copy of each row is live at first, so the K beams differ from step 1.
-        alive_log_probs=empty.at[:, 0].set(0.0),
-        finished_seqs=jnp.zeros((batch_size, beam_size, max_decode_length), jnp.int32),
-        finished_scores=empty,
-        cache=expand_cache(cache, beam_size),
-    )
+    initial = _initial_beams(cache, loop.start_tokens, beam_size, max_decode_length)
 
     def cond(state: _BeamState) -> jax.Array:
         not_done = ~jnp.all(_beam_done(state, alpha, max_decode_length))
@@ -776,7 +764,29 @@ def beam_search(
     )
     if rule == "hf":
         return final.finished_seqs, final.finished_scores
-    # "t5x": a row where nothing finished returns its live beams, best first, unpenalized.
+    return _finished_else_live(final)
+
+
+def _initial_beams(cache: Cache, start_tokens, beam_size: int, length: int) -> _BeamState:
+    """The search's start: K copies of each row, only the first live (so the K beams differ
+    from step 1), nothing finished, the cache expanded to `B * K` rows."""
+    batch_size = cache_batch_size(cache)
+    start = _start_tokens(start_tokens, batch_size)
+    empty = jnp.full((batch_size, beam_size), NEG_INF, jnp.float32)
+    return _BeamState(
+        step=jnp.array(0, jnp.int32),
+        alive_tokens=jnp.repeat(start[:, None], beam_size, axis=1),
+        alive_seqs=jnp.zeros((batch_size, beam_size, length), jnp.int32),
+        alive_log_probs=empty.at[:, 0].set(0.0),
+        finished_seqs=jnp.zeros((batch_size, beam_size, length), jnp.int32),
+        finished_scores=empty,
+        cache=expand_cache(cache, beam_size),
+    )
+
+
+def _finished_else_live(final: _BeamState) -> tuple[jax.Array, jax.Array]:
+    """The "t5x" rule's result: each row's finished beams, or where nothing finished, its live
+    beams, best first, scored by log-probability without penalty."""
     none_finished = jnp.all(final.finished_scores <= NEG_INF / 2, axis=1)  # [B]
     order = jnp.argsort(-final.alive_log_probs, axis=1)
     live_seqs = _take_beams(final.alive_seqs, order)

@@ -217,18 +217,7 @@ def compile_run(
     }
     hlo_text = train.pop("hlo_text", None)
     if "program_flops" in train:
-        train["flops"] = train["program_flops"] / target.num_devices
-        train["flops_ratio"] = train["flops"] / model_flops
-        if hlo_text is not None and target.chip and target.chip.peak_flops:
-            rates = target.chip.rates or cost_model.Rates(
-                target.chip.peak_flops, target.chip.memory_bandwidth
-            )
-            attention_flops = train.get("program_attention_flops", 0) / target.num_devices
-            estimate = cost_model.estimate(
-                hlo_text, train["flops"], rates, attention_flops=attention_flops
-            )
-            estimate["mfu"] = model_flops / (estimate["step_seconds"] * target.chip.peak_flops)
-            train["cost_model"] = estimate
+        _add_program_costs(train, hlo_text, target, model_flops)
     decoded = None
     if decode:
         decoded = _compile_or_oom(
@@ -246,6 +235,23 @@ def compile_run(
     )
     report.advice = advise(report, shape, partitioner)
     return report
+
+
+def _add_program_costs(train: dict, hlo_text: str | None, target: Target, model_flops) -> None:
+    """The compiled step's FLOPs per device beside the model's, and on a known chip the cost
+    model's step time and MFU from the program's text."""
+    train["flops"] = train["program_flops"] / target.num_devices
+    train["flops_ratio"] = train["flops"] / model_flops
+    if hlo_text is not None and target.chip and target.chip.peak_flops:
+        rates = target.chip.rates or cost_model.Rates(
+            target.chip.peak_flops, target.chip.memory_bandwidth
+        )
+        attention_flops = train.get("program_attention_flops", 0) / target.num_devices
+        estimate = cost_model.estimate(
+            hlo_text, train["flops"], rates, attention_flops=attention_flops
+        )
+        estimate["mfu"] = model_flops / (estimate["step_seconds"] * target.chip.peak_flops)
+        train["cost_model"] = estimate
 
 
 def _check_batch(shape: RunShape, partitioner: Partitioner) -> None:

@@ -93,10 +93,7 @@ def compile_train(
     """
     from t2t import aot
 
-    if (topology is None) == (cpu_devices is None):
-        raise ValueError(
-            "Give exactly one target: --topology=v5e:4x4 (a TPU slice) or --cpu_devices=N."
-        )
+    _check_one_target(topology, cpu_devices)
     run = _train_bindings()
     given = dict(
         batch_size=batch_size,
@@ -119,24 +116,9 @@ def compile_train(
     config = resolve_model_config(run["model_config"], run["init_checkpoint"]).replace(
         **{name: value for name, value in network.items() if value is not None}
     )
-    if topology is None:
-        target = aot.cpu_target(cpu_devices, device_memory_gib)
-    elif aot.targets.is_gpu_topology(topology):
-        target = aot.gpu_target(topology)
-    else:
-        target = aot.tpu_target(topology)
-    shape = aot.RunShape(
-        config,
-        run["batch_size"],
-        dict(run["task_feature_lengths"]),
-        mesh_shape=tuple(run["mesh_shape"]),
-        sharding_mode=run["sharding_mode"],
-        num_microbatches=run["num_microbatches"],
-        pack=run["pack"],
-    )
     report = aot.compile_run(
-        shape,
-        target,
+        _run_shape(run, config),
+        _target(topology, cpu_devices, device_memory_gib),
         model=run["model_fn"](config),
         tx=run["optimizer"](learning_rate=run["learning_rate"]),
         decode=decode,
@@ -147,3 +129,36 @@ def compile_train(
         files.write_text(output_json, json.dumps(report.to_json(), indent=2))
         print(f"wrote {output_json}")
     return report
+
+
+def _check_one_target(topology: str | None, cpu_devices: int | None) -> None:
+    if (topology is None) == (cpu_devices is None):
+        raise ValueError(
+            "Give exactly one target: --topology=v5e:4x4 (a TPU slice) or --cpu_devices=N."
+        )
+
+
+def _target(topology: str | None, cpu_devices: int | None, device_memory_gib: float | None):
+    """The `t2t.aot` target: a TPU slice or GPU topology by name, or `cpu_devices` CPUs."""
+    from t2t import aot
+
+    if topology is None:
+        return aot.cpu_target(cpu_devices, device_memory_gib)
+    if aot.targets.is_gpu_topology(topology):
+        return aot.gpu_target(topology)
+    return aot.tpu_target(topology)
+
+
+def _run_shape(run: dict[str, Any], config):
+    """The `t2t.aot.RunShape` of the run's bindings (with the overrides) and network."""
+    from t2t import aot
+
+    return aot.RunShape(
+        config,
+        run["batch_size"],
+        dict(run["task_feature_lengths"]),
+        mesh_shape=tuple(run["mesh_shape"]),
+        sharding_mode=run["sharding_mode"],
+        num_microbatches=run["num_microbatches"],
+        pack=run["pack"],
+    )

@@ -87,29 +87,26 @@ def evaluate(
         batch_size=batch_size,
         config=gin_decoding_config(decoding_config),
     )
-    if checkpoints is not None:
-        if selection is not None:
-            raise ValueError(
-                "An ensemble names its members in checkpoints; drop step, steps and all_steps."
-            )
-        members = helpers.task_names(checkpoints, "evaluate.checkpoints")  # refuses an empty list
-        return evaluation.evaluate_ensemble(
-            model_dir,
-            members,
-            names,
-            output_file=output_file,
-            partitioner=helpers.partitioner_for(mesh_shape, sharding_mode),
-            **options,
-        )
-    return evaluation.evaluate_model_dir(
-        model_dir,
-        names,
-        steps=selection,
-        output_file=output_file,
-        partitioner=helpers.partitioner_for(mesh_shape, sharding_mode),
-        log_predictions=log_predictions,
-        **options,
+    options.update(
+        output_file=output_file, partitioner=helpers.partitioner_for(mesh_shape, sharding_mode)
     )
+    if checkpoints is not None:
+        return _evaluate_ensemble(model_dir, checkpoints, selection, names, options)
+    return evaluation.evaluate_model_dir(
+        model_dir, names, steps=selection, log_predictions=log_predictions, **options
+    )
+
+
+def _evaluate_ensemble(model_dir, checkpoints, selection, names, options) -> dict[str, Any]:
+    """`evaluate` of the ensemble `checkpoints` names (no step selection: they name theirs)."""
+    from t2t import evaluation
+
+    if selection is not None:
+        raise ValueError(
+            "An ensemble names its members in checkpoints; drop step, steps and all_steps."
+        )
+    members = helpers.task_names(checkpoints, "evaluate.checkpoints")  # refuses an empty list
+    return evaluation.evaluate_ensemble(model_dir, members, names, **options)
 
 
 def _step_selection(step, steps, all_steps) -> str | list[int] | None:

@@ -115,10 +115,7 @@ def train(
     from t2t.data import batches, pipeline
     from t2t.trainer import Trainer
 
-    data = data or EXTERNALS["t2t.runs.DataOptions"]()
-    checkpoints = checkpoints or EXTERNALS["t2t.runs.CheckpointOptions"]()
-    evaluation = evaluation or EXTERNALS["t2t.runs.EvalOptions"]()
-    loop = loop or EXTERNALS["t2t.runs.LoopOptions"]()
+    data, checkpoints, evaluation, loop = _groups(data, checkpoints, evaluation, loop)
     options.check_count(
         "t2t.runs.train.train_steps", train_steps, options.Count.POSITIVE, "TRAIN_STEPS"
     )
@@ -159,20 +156,23 @@ def train(
             summary = trainer.train(train_steps)
             if trainer.is_chief:
                 _say_if_nothing_was_trained(summary, trainer.step, train_steps, evaluation)
-            shown = []
-            if evaluation.num_predictions:
-                if evaluation.tasks:
-                    target = eval_configs[evaluation.tasks[0]]
-                else:
-                    target = dataclasses.replace(
-                        train_config, split=evaluation.split, max_examples=None
-                    )
-                shown = _show_predictions(model, trainer, partitioner, target, evaluation)
+            target = _prediction_data(train_config, eval_configs, evaluation)
+            shown = _show_predictions(model, trainer, partitioner, target, evaluation)
         finally:
             trainer.close()
         write_run_files(model_dir, config)  # now with everything the run used
     hosts.finished()  # the other hosts' watchdogs see this process end on purpose
     return {**summary, "predictions": shown}
+
+
+def _groups(data, checkpoints, evaluation, loop):
+    """The option groups, each one not given built from its gin bindings."""
+    return (
+        data or EXTERNALS["t2t.runs.DataOptions"](),
+        checkpoints or EXTERNALS["t2t.runs.CheckpointOptions"](),
+        evaluation or EXTERNALS["t2t.runs.EvalOptions"](),
+        loop or EXTERNALS["t2t.runs.LoopOptions"](),
+    )
 
 
 def _check_learning_rate(rate: optax.Schedule | float, train_steps: int) -> None:
@@ -314,12 +314,22 @@ def _say_if_nothing_was_trained(
         )
 
 
+def _prediction_data(train_config, eval_configs, evaluation: EvalOptions):
+    """The data whose predictions are shown after training: the first evaluated task's, else
+    the training mixture's evaluation split."""
+    if evaluation.tasks:
+        return eval_configs[evaluation.tasks[0]]
+    return dataclasses.replace(train_config, split=evaluation.split, max_examples=None)
+
+
 def _show_predictions(model, trainer, partitioner, target, evaluation: EvalOptions) -> list:
     """Greedy predictions of the first `evaluation.num_predictions` examples of `target`
-    (printed by process 0)."""
+    (printed by process 0); none when `num_predictions` is 0."""
     from t2t.data import registry
     from t2t.trainer import predictions
 
+    if not evaluation.num_predictions:
+        return []
     provider = registry.get_task_or_mixture(target.mixture_or_task)
     vocabulary = provider.output_features["targets"].vocabulary
     shown = predictions.show_examples(

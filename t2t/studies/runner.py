@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import re
@@ -370,13 +371,8 @@ def run(
     arms = _chosen_arms(arms, only_arms)
     arm_names = [a["name"] for a in arms]
     replicas = _check_pretrainings(pretrainings)
-    grid = [
-        Cell(arm, task, int(seed), replica)
-        for arm in arms
-        for replica in replicas
-        for seed in seeds
-        for task in tasks
-    ]
+    order = itertools.product(arms, replicas, map(int, seeds), tasks)
+    grid = [Cell(arm, task, seed, replica) for arm, replica, seed, task in order]
     if print_commands:
         _print_commands(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
         return None
@@ -418,11 +414,16 @@ def run(
     result["ordering"] = aggregate.ordering(result)
     if paper:
         result["paper"] = report.paper_comparison(result, paper)
-    if claimed is not None:  # those of the arms run (`only_arms`)
-        chosen = [c for c in claimed if {c["better"], c["worse"]} <= set(arm_names)]
-        result["claims"] = claims_lib.evaluate(chosen, result)
+    if claimed is not None:
+        result["claims"] = _claims_of(claimed, arm_names, result)
     report.write(study_dir, result)
     return result
+
+
+def _claims_of(claimed: list[dict], arm_names: list[str], result: dict) -> list[dict]:
+    """The claims between arms that were run (`only_arms`), each tested on `result`."""
+    chosen = [c for c in claimed if {c["better"], c["worse"]} <= set(arm_names)]
+    return claims_lib.evaluate(chosen, result)
 
 
 def _chosen_arms(
