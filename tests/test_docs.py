@@ -172,3 +172,17 @@ def test_every_gin_binding_in_the_docs_names_a_real_parameter(path, binding, reg
         f"{path}: `{binding}`: {configurable_name} has no parameter {parameter!r} "
         f"(it has {sorted(names - {'self'})})"
     )
+
+
+def test_the_task_and_mixture_counts_in_the_docs_are_the_registrys():
+    import seqio
+
+    from t2t.data import tasks
+
+    tasks.import_all()
+    stated = re.search(r"registers all (\d+) tasks\s+and (\d+) mixtures", _text("docs/data.md"))
+    assert stated, "docs/data.md no longer says how many tasks import_all registers"
+    assert (int(stated[1]), int(stated[2])) == (
+        len(seqio.TaskRegistry.names()),
+        len(seqio.MixtureRegistry.names()),
+    )

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from t2t.data.builtin import cache, cleaning, sources
+from t2t.data.builtin import benchmark, cache, cleaning, sources, unfiltered
 
 
 def _lines(path):
@@ -28,6 +28,57 @@ def test_summary_example():
     docstring = sources.Docstring("m", "add", f"Return the sum of a and b.\n\n{body}")
     assert cleaning.summary_example(docstring) == (body, "Return the sum of a and b.")
     assert cleaning.summary_example(sources.Docstring("m", "f", "No body here.")) is None
+
+
+def test_topic_pairs_keep_every_block_beside_the_cleaned_documents():
+    prose = " ".join(["word"] * 12) + "."
+    topic = f"{prose}\n\n    >>> f(1)\n    2\n\n{prose} :func:`g`\n\n    x = [1, 2]\n"
+    pairs = cleaning.topic_document_pairs(topic, target_words=10)
+    assert [d for d, _ in pairs] == cleaning.topic_documents(topic, target_words=10)
+    assert pairs == [
+        (prose, prose),
+        (f"{prose} g", f">>> f(1) 2 {prose} :func:`g` x = [1, 2]"),  # trailing code joins the last
+    ]
+    assert cleaning.topic_document_pairs("    x = 1\n") == [(None, "x = 1")]
+
+
+def test_unfiltered_documents_keep_code_and_take_the_cleaned_split():
+    prose = "Return the sum of the two numbers given, as the usual arithmetic rules say."
+    docstrings = [
+        sources.Docstring("m", "add", f"{prose}\n\n    >>> add(1, 2)\n    3"),
+        sources.Docstring("m", "f", "x = [1, 2]"),  # no prose: split by its own hash
+        sources.Docstring("m", "g", f"{prose}\n\n    >>> add(1, 2)\n    3"),  # a duplicate
+    ]
+    split = unfiltered.documents([], docstrings)
+    raw = f"{prose} >>> add(1, 2) 3"
+    assert split[cleaning.split_of(prose)] == [raw] + (
+        ["x = [1, 2]"] if cleaning.split_of("x = [1, 2]") == cleaning.split_of(prose) else []
+    )
+    assert sum(len(documents) for documents in split.values()) == 2
+
+
+def test_unfiltered_corpus_adds_the_filtered_text_and_leaks_no_validation(builtin_corpus):
+    unfiltered.get_or_build(builtin_corpus)
+    directory = builtin_corpus.directory
+    stats, cleaned = unfiltered.stats(builtin_corpus), builtin_corpus.stats
+    train = _lines(unfiltered.corpus_path(directory, "train"))
+    assert stats["corpus_train"]["documents"] == len(train) == len(set(train))
+    assert stats["corpus_train"]["words"] > 1.1 * cleaned["corpus_train"]["words"]
+    assert any(">>>" in d for d in train) and any(":func:`" in d for d in train)
+    # The benchmark's validation sentences are in the unfiltered training split no more often
+    # than in the cleaned one (where a few recur in other documents): nothing leaks.
+    order = benchmark.task_path(directory, "order", "validation")
+    benchmark.get_or_build(builtin_corpus)
+    sentences = [r.split("\t")[0] for r in _lines(order) if r.endswith("\tacceptable")]
+    cleaned_train, unfiltered_train = (
+        " ".join(_lines(builtin_corpus.corpus_path("train"))),
+        " ".join(train),
+    )
+    seen = {
+        name: sum(s in text for s in sentences)
+        for name, text in [("cleaned", cleaned_train), ("unfiltered", unfiltered_train)]
+    }
+    assert len(sentences) > 200 and seen["unfiltered"] <= seen["cleaned"] < 0.15 * len(sentences)
 
 
 def test_corpus_numbers_are_consistent(builtin_corpus):

@@ -131,7 +131,7 @@ def test_supervised_tfds_tasks_under_mock_data(module_name, builtin_vocabulary, 
 
 def test_c4_objective_tasks_under_mock_data(builtin_vocabulary, mocked):
     names = _registered("c4", builtin_vocabulary)
-    assert "c4_span_corruption" in names and len(names) == 16
+    assert "c4_span_corruption" in names and len(names) == 17
     first_sentinel = builtin_vocabulary.vocab_size - 1
     for name in names:
         examples = _examples(seqio.get_mixture_or_task(name), PRETRAIN_LENGTHS)
@@ -160,7 +160,8 @@ def test_builtin_tasks_from_real_text(builtin_tasks, builtin_vocabulary):
         examples = _examples(task, PRETRAIN_LENGTHS)
         for example in examples:
             _check_tokens(example, builtin_vocabulary, PRETRAIN_LENGTHS)
-        if name == "builtin_span_corruption":  # full-length segments of real text
+        if name in ("builtin_span_corruption", "builtin_unfiltered_span_corruption"):
+            # full-length segments of real text
             assert [len(e["inputs"]) for e in examples] == [128, 128]
 
 

@@ -28,8 +28,8 @@ import json
 import os
 import random
 import re
-import shutil
-import tempfile
+
+from t2t.data.builtin import cache
 
 TASKS = ("order", "next", "next_in_document", "similarity")
 SPLITS = ("train", "validation")
@@ -175,40 +175,27 @@ def task_path(corpus_directory: str, task: str, split: str) -> str:
 
 def get_or_build(corpus) -> str:
     """Builds the benchmark's files beside the corpus (once); returns their directory."""
-    directory = directory_of(corpus.directory)
-    if os.path.exists(os.path.join(directory, "stats.json")):  # local path: corpus cache
-        return directory
-    os.makedirs(os.path.dirname(directory), exist_ok=True)  # local path: corpus cache
-    staging = tempfile.mkdtemp(dir=os.path.dirname(directory), prefix=".building-")
-    try:
-        stats = {}
-        for split in SPLITS:
-            docs = _documents(corpus.corpus_path(split))
-            for task in TASKS:
-                rng = random.Random(f"{task}-{split}")
-                rows = _BUILDERS[task](docs, rng)
-                rng.shuffle(rows)
-                rows = rows[: SIZES[task][split]]
-                path = os.path.join(staging, task, f"{split}.tsv")
-                os.makedirs(os.path.dirname(path), exist_ok=True)  # local path: corpus cache
-                with open(path, "w", encoding="utf-8") as f:  # local path: corpus cache
-                    f.writelines("\t".join(row) + "\n" for row in rows)
-                stats[f"{task}_{split}"] = {"examples": len(rows), "labels": _label_counts(rows)}
-        with open(
-            os.path.join(staging, "stats.json"), "w", encoding="utf-8"
-        ) as f:  # local path: corpus cache
-            json.dump(stats, f, indent=2, sort_keys=True)
-        try:
-            os.rename(staging, directory)  # local path: corpus cache
-        except OSError:
-            if not os.path.exists(
-                os.path.join(directory, "stats.json")
-            ):  # local path: corpus cache
-                raise
-    finally:
-        if os.path.exists(staging):  # local path: corpus cache
-            shutil.rmtree(staging)  # local path: corpus cache
-    return directory
+    return cache.build_once(directory_of(corpus.directory), lambda staging: _build(corpus, staging))
+
+
+def _build(corpus, staging: str) -> None:
+    stats = {}
+    for split in SPLITS:
+        docs = _documents(corpus.corpus_path(split))
+        for task in TASKS:
+            rng = random.Random(f"{task}-{split}")
+            rows = _BUILDERS[task](docs, rng)
+            rng.shuffle(rows)
+            rows = rows[: SIZES[task][split]]
+            path = os.path.join(staging, task, f"{split}.tsv")
+            os.makedirs(os.path.dirname(path), exist_ok=True)  # local path: corpus cache
+            with open(path, "w", encoding="utf-8") as f:  # local path: corpus cache
+                f.writelines("\t".join(row) + "\n" for row in rows)
+            stats[f"{task}_{split}"] = {"examples": len(rows), "labels": _label_counts(rows)}
+    with open(
+        os.path.join(staging, "stats.json"), "w", encoding="utf-8"
+    ) as f:  # local path: corpus cache
+        json.dump(stats, f, indent=2, sort_keys=True)
 
 
 def _label_counts(rows) -> dict[str, int]:

@@ -70,6 +70,28 @@ class BuiltinCorpus:
             return json.load(f)
 
 
+def build_once(directory: str, build: Callable[[str], None]) -> str:
+    """`directory`, built first if it holds no stats.json: `build(staging)` writes everything
+    (stats.json last) into a temporary sibling that is renamed into place when complete, so a
+    crash leaves nothing half-written and concurrent builders keep the first complete copy."""
+    done = os.path.join(directory, "stats.json")
+    if os.path.exists(done):  # local path: corpus cache
+        return directory
+    os.makedirs(os.path.dirname(directory), exist_ok=True)  # local path: corpus cache
+    staging = tempfile.mkdtemp(dir=os.path.dirname(directory), prefix=".building-")
+    try:
+        build(staging)
+        try:
+            os.rename(staging, directory)  # local path: corpus cache
+        except OSError:
+            if not os.path.exists(done):  # local path: corpus cache
+                raise
+    finally:
+        if os.path.exists(staging):  # local path: corpus cache
+            shutil.rmtree(staging)  # local path: corpus cache
+    return directory
+
+
 def _check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"The built-in corpus has splits {SPLITS}, got {split!r}.")

@@ -35,13 +35,22 @@ def paragraphs(text: str) -> list[str]:
       "Return the sum.\\n\\n    >>> add(1, 2)\\n    3\\n\\nSee :func:`sum` and ``math.fsum``."
       -> ["Return the sum.", "See sum and math.fsum."]
     """
-    kept = []
+    return [prose for _, prose in blocks(text) if prose]
+
+
+def blocks(text: str) -> Iterator[tuple[str, str | None]]:
+    """Each block of `text` (lines between blank lines) as one line, as written (markup, code
+    and all; white space folded), with its prose as `paragraphs` keeps it, or None."""
     for block in re.split(r"\n[ \t]*\n", text):
+        raw = " ".join(block.split())
+        if not raw:
+            continue
         lines = [line.rstrip() for line in block.splitlines() if line.strip()]
         lines = [line for line in lines if not _RULE_LINE.match(line)]
+        prose = None
         if lines and _is_prose(lines):
-            kept.append(_strip_markup(" ".join(line.strip() for line in lines)))
-    return [p for p in kept if p]
+            prose = _strip_markup(" ".join(line.strip() for line in lines)) or None
+        yield raw, prose
 
 
 def _is_prose(lines: list[str]) -> bool:
@@ -74,15 +83,31 @@ def document(text: str) -> str | None:
 
 def topic_documents(text: str, target_words: int = 200) -> list[str]:
     """Splits a long pydoc topic into documents of about `target_words` words (whole paragraphs)."""
-    documents, current = [], []
-    for paragraph in paragraphs(text):
-        current.append(paragraph)
-        if sum(len(p.split()) for p in current) >= target_words:
-            documents.append(" ".join(current))
-            current = []
-    if current:
-        documents.append(" ".join(current))
-    return [d for d in documents if len(d.split()) >= MIN_DOCUMENT_WORDS]
+    return [document for document, _ in topic_document_pairs(text, target_words) if document]
+
+
+def topic_document_pairs(text: str, target_words: int = 200) -> list[tuple[str | None, str]]:
+    """`topic_documents`' documents, each with the blocks it was cut from as written (code and
+    markup included: the unfiltered corpus): the blocks up to its last paragraph, and for the
+    last document, every block after it too. A part whose prose is too short to be a document,
+    or a topic without prose, pairs None with its blocks."""
+    pairs, prose, raw = [], [], []
+    for block, paragraph in blocks(text):
+        raw.append(block)
+        if paragraph:
+            prose.append(paragraph)
+            if sum(len(p.split()) for p in prose) >= target_words:
+                pairs.append((" ".join(prose), " ".join(raw)))
+                prose, raw = [], []
+    if prose or not pairs:
+        pairs.append((" ".join(prose), " ".join(raw)))
+    elif raw:
+        pairs[-1] = (pairs[-1][0], " ".join([pairs[-1][1], *raw]))
+    return [
+        (document if len(document.split()) >= MIN_DOCUMENT_WORDS else None, blocks_text)
+        for document, blocks_text in pairs
+        if blocks_text
+    ]
 
 
 def summary_example(docstring: Docstring, min_body_words: int = 15) -> tuple[str, str] | None:

@@ -5,6 +5,9 @@ its benchmark are built into the cache (about 10 s, see `t2t.data.builtin.cache`
 a task is read or counted, or its vocabulary used; later runs find them there. Registers:
   - `builtin_<objective>` for every objective of `text.OBJECTIVES` (`builtin_span_corruption`
     is the T5 default), on the prose documents;
+  - `builtin_unfiltered_span_corruption`: span corruption on the same sources without the
+    prose filter (`t2t.data.builtin.unfiltered`), the counterpart of the paper's unfiltered C4
+    (Table 8);
   - `builtin_summarize`: a docstring's body -> its one-line summary (ROUGE), the offline
     stand-in for CNN/Daily Mail;
   - `builtin_package`: a docstring -> the top-level standard-library package it belongs to
@@ -35,7 +38,7 @@ import tensorflow as tf
 
 from t2t import metrics
 from t2t.data import mixing, registry, vocab
-from t2t.data.builtin import benchmark, cache
+from t2t.data.builtin import benchmark, cache, unfiltered
 from t2t.data.tasks import text
 
 SUPERVISED_TASKS = ("builtin_summarize", "builtin_package")
@@ -96,6 +99,11 @@ def _built(root: str) -> cache.BuiltinCorpus:
 def _corpus_counts(root: str, key: str, field: str) -> dict[str, int]:
     stats = _built(root).stats
     return {split: stats[f"{key}_{split}"][field] for split in cache.SPLITS}
+
+
+def _unfiltered_counts(root: str) -> dict[str, int]:
+    stats = unfiltered.stats(_built(root))
+    return {split: stats[f"corpus_{split}"]["documents"] for split in cache.SPLITS}
 
 
 def _benchmark_counts(root: str, task: str) -> dict[str, int]:
@@ -235,7 +243,8 @@ def register_benchmark(root: str, vocabulary: seqio.Vocabulary) -> list[str]:
 def register_pretraining(
     root: str, vocabulary: seqio.Vocabulary, objectives=text.OBJECTIVES
 ) -> list[str]:
-    """Registers `builtin_<objective>` for each objective; returns the names."""
+    """Registers `builtin_<objective>` for each objective, and span corruption on the unfiltered
+    corpus; returns the names."""
     corpus = cache.BuiltinCorpus(cache.corpus_directory(root))  # paths only: nothing is read
     source = BuiltOnUse(
         {split: corpus.corpus_path(split) for split in cache.SPLITS},
@@ -248,7 +257,18 @@ def register_pretraining(
             name, source, objective, vocabulary, source_preprocessors=[text.line_to_text]
         )
         names.append(name)
-    return names
+    directory = cache.corpus_directory(root)
+    text.register_pretraining_task(
+        "builtin_unfiltered_span_corruption",
+        BuiltOnUse(
+            {split: unfiltered.corpus_path(directory, split) for split in cache.SPLITS},
+            functools.partial(_unfiltered_counts, root),
+        ),
+        "span_corruption",
+        vocabulary,
+        source_preprocessors=[text.line_to_text],
+    )
+    return [*names, "builtin_unfiltered_span_corruption"]
 
 
 def vocabulary(cache_dir: str | None = None) -> seqio.SentencePieceVocabulary:
