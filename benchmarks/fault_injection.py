@@ -57,16 +57,7 @@ import sys
 import tempfile
 import time
 
-DEMO = "gin/experiments/tiny_builtin_demo.gin"
-MICRO = "gin/models/micro.gin"  # the suite's shrunk network
-SMALL = [  # the run settings of tests/runs/test_reliability.py, checkpointing often
-    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
-    "BATCH_SIZE=8",
-    "t2t.runs.LoopOptions.progress=False",
-    "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.LoopOptions.log_every=1",
-    "t2t.runs.EvalOptions.every=None",
-]
+RECIPE = "gin/experiments/micro_run.gin"  # the suite's shrunk run (the demo, micro network)
 PREEMPTED = 75  # t2t.trainer.loop.PREEMPTED_EXIT_CODE
 TARGETS = ("train", "chain", "study")
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
@@ -127,7 +118,6 @@ def write_spec(target: str, workdir: str, steps: int, checkpoint_every: int) -> 
     path = os.path.join(workdir, f"{target}.gin")
     if target == "chain":
         pretrain = [
-            *SMALL,
             f"TRAIN_STEPS={steps}",
             f"t2t.runs.CheckpointOptions.every={checkpoint_every}",
         ]
@@ -143,7 +133,7 @@ def write_spec(target: str, workdir: str, steps: int, checkpoint_every: int) -> 
             "t2t.chain.run.model_dir = %MODEL_DIR\n"
             "t2t.chain.run.stages = [\n"
             '    {"name": "pretrain",\n'
-            '     "gin_files": ["experiments/tiny_builtin_demo.gin", "models/micro.gin"],\n'
+            '     "gin_files": ["experiments/micro_run.gin"],\n'
             f'     "bindings": {pretrain!r}}},\n'
             f'    {{"name": "finetune", "gin_files": ["experiments/tiny_builtin_finetune.gin"],\n'
             f'     "bindings": {finetune!r}}},\n'
@@ -172,15 +162,13 @@ def command(
     if target == "study":
         return [*cli, "study", f"--gin_file={spec}", f"--study_dir={model_dir}"]
     bindings = [
-        *SMALL,
         f"MODEL_DIR='{model_dir}'",
         f"TRAIN_STEPS={steps}",
         f"t2t.runs.CheckpointOptions.every={checkpoint_every}",
     ]
     if HOSTS > 1:
         bindings.append("EVAL_TASKS=[]")
-    files = [f"--gin_file={DEMO}", f"--gin_file={MICRO}"]
-    return [*cli, "train", *files, *[f"--gin.{b}" for b in bindings]]
+    return [*cli, "train", f"--gin_file={RECIPE}", *[f"--gin.{b}" for b in bindings]]
 
 
 HOSTS = 1  # processes of a run (`--hosts`); each a host of one multi-host run

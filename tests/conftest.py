@@ -59,6 +59,29 @@ def builtin_corpus():
 
 
 @pytest.fixture(scope="session")
+def straight_micro_run(builtin_tasks):
+    """The suite's shrunk run (tests/micro_run.py), 9 steps uninterrupted on a local disk,
+    trained once per session and shared by the workers: a reference to copy, never to change."""
+    import pathlib
+
+    return pathlib.Path(micro_run().straight(os.environ["T2T_TEST_CORPUS_DIR"]))
+
+
+def micro_run():
+    """tests/micro_run.py (test modules import it as `from .. import micro_run`)."""
+    import sys
+
+    module = sys.modules.get("tests.micro_run")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "micro_run.py")
+        spec = importlib.util.spec_from_file_location("tests.micro_run", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["tests.micro_run"] = module
+    return module
+
+
+@pytest.fixture(scope="session")
 def builtin_vocabulary(builtin_corpus):
     from t2t.data import vocab
 

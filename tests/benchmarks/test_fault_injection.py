@@ -37,7 +37,7 @@ def test_the_chain_it_stops_has_two_stages_and_passes_validation(tmp_path, capsy
     assert cli.main([*_argv("chain", tmp_path), "--dry_run"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t ")]
     assert len(commands) == 2
-    assert "tiny_builtin_demo.gin" in commands[0] and "tiny_builtin_finetune.gin" in commands[1]
+    assert "micro_run.gin" in commands[0] and "tiny_builtin_finetune.gin" in commands[1]
     assert all("TRAIN_STEPS=4" in c and "CheckpointOptions.every=2" in c for c in commands)
 
 

@@ -14,18 +14,7 @@ import uuid
 import pytest
 
 BUCKET = "t2t-tests"
-DEMO = "gin/experiments/tiny_builtin_demo.gin"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MICRO = "gin/models/micro.gin"  # the suite's shrunk network
-SMALL = [  # the run settings of tests/runs/test_reliability.py
-    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
-    "BATCH_SIZE=8",
-    "t2t.runs.LoopOptions.progress=False",
-    "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.LoopOptions.log_every=1",
-    "t2t.runs.EvalOptions.every=None",
-    "t2t.runs.CheckpointOptions.every=3",
-]
 
 
 @pytest.fixture(scope="session")
@@ -62,20 +51,11 @@ def clean_dir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def train_argv():
-    """`train_argv(model_dir, steps, *extra)`: the argv of the shrunk demo's `t2t train`."""
+    """`train_argv(model_dir, steps, *extra)`: the argv of the suite's shrunk `t2t train`
+    (tests/micro_run.py)."""
+    from .. import micro_run
 
-    def argv(model_dir, steps, *extra):
-        return [
-            "train",
-            f"--gin_file={os.path.join(REPO, DEMO)}",
-            f"--gin_file={os.path.join(REPO, MICRO)}",
-            f"--gin.MODEL_DIR='{model_dir}'",
-            *[f"--gin.{b}" for b in SMALL],
-            f"--gin.TRAIN_STEPS={steps}",
-            *extra,
-        ]
-
-    return argv
+    return micro_run.argv
 
 
 @pytest.fixture(scope="module")

@@ -49,11 +49,9 @@ def _assert_nothing_local(directory):
 
 
 @pytest.fixture(scope="module")
-def straight(gcs, tmp_path_factory, train_argv):
-    """The reference: 9 steps on a local disk, uninterrupted."""
-    run = tmp_path_factory.mktemp("straight") / "run"
-    assert cli.main(train_argv(run, 9)) == 0
-    return run
+def straight(straight_micro_run):
+    """The reference: 9 steps on a local disk, uninterrupted (the session's)."""
+    return straight_micro_run
 
 
 @pytest.fixture(scope="module")

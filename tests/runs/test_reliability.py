@@ -1,8 +1,8 @@
 """Reliability of `t2t` runs end to end: damaged checkpoints, preemption, one writer, and bad
 input answered with a message and exit 2 (never a traceback).
 
-The runs are the suite's shrunk demo (tests/runs/test_train_run.py): real data, gin, checkpoints. A straight
-9-step run is the reference every interrupted or damaged run must end identical to.
+The runs are the suite's shrunk run (tests/micro_run.py): real data, gin, checkpoints. Its
+straight 9-step run is the reference every interrupted or damaged run must end identical to.
 """
 
 import json
@@ -21,34 +21,13 @@ from t2t.checkpoints import lock
 from t2t.checkpoints import model_dir as model_dir_lib
 from t2t.trainer import loop, reporting
 
+from .. import micro_run
+
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
-MICRO = "gin/models/micro.gin"  # the suite's shrunk network
-SMALL = [
-    "TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 16}",
-    "BATCH_SIZE=8",
-    "t2t.runs.LoopOptions.progress=False",
-    "t2t.runs.EvalOptions.num_predictions=0",
-    "t2t.runs.LoopOptions.log_every=1",
-    "t2t.runs.EvalOptions.every=None",
-    "t2t.runs.CheckpointOptions.every=3",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _builtin(builtin_tasks):
-    return builtin_tasks
 
 
 def _argv(model_dir, steps, *extra):
-    return [
-        "train",
-        f"--gin_file={DEMO}",
-        f"--gin_file={MICRO}",
-        f"--gin.MODEL_DIR='{model_dir}'",
-        *[f"--gin.{b}" for b in SMALL],
-        f"--gin.TRAIN_STEPS={steps}",
-        *extra,
-    ]
+    return micro_run.argv(model_dir, steps, *extra)
 
 
 def _losses(model_dir):
@@ -71,11 +50,12 @@ def _assert_same_run(got_dir, expected_dir):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """`straight`: 9 steps uninterrupted; `six`: the same run as if stopped after step 6
-    (its checkpoints 3 and 6; the logged steps 7-9 are superseded when it resumes)."""
+def runs(tmp_path_factory, straight_micro_run):
+    """`straight`: 9 steps uninterrupted (the session's); `six`: the same run as if stopped
+    after step 6 (its checkpoints 3 and 6; the logged steps 7-9 are superseded when it
+    resumes)."""
     root = tmp_path_factory.mktemp("reliability")
-    assert cli.main(_argv(root / "straight", 9)) == 0
+    shutil.copytree(straight_micro_run, root / "straight")
     shutil.copytree(root / "straight", root / "six")
     shutil.rmtree(root / "six" / "checkpoints" / "9")
     assert model_dir_lib.ModelDir(root / "six").steps() == [3, 6]
