@@ -64,6 +64,8 @@ def test_unfiltered_corpus_adds_the_filtered_text_and_leaks_no_validation(builti
     train = _lines(unfiltered.corpus_path(directory, "train"))
     assert stats["corpus_train"]["documents"] == len(train) == len(set(train))
     assert stats["corpus_train"]["words"] > 1.1 * cleaned["corpus_train"]["words"]
+    assert stats["corpus_train"]["tokens"] > 1.1 * cleaned["corpus_train"]["tokens"]
+    assert 0 < stats["corpus_train"]["unknown_tokens"] < 0.05 * stats["corpus_train"]["tokens"]
     assert any(">>>" in d for d in train) and any(":func:`" in d for d in train)
     # The benchmark's validation sentences are in the unfiltered training split no more often
     # than in the cleaned one (where a few recur in other documents): nothing leaks.

@@ -13,7 +13,7 @@ the built-in one, trained on the cleaned corpus, as the paper kept one vocabular
 data set of its Table 8.
 
 Files, built once beside the corpus: `<corpus>/unfiltered/<VERSION>/{train,validation}.txt` and
-`stats.json` (documents and words per split).
+`stats.json` (documents, words, tokens and unknown tokens of the built-in vocabulary per split).
 """
 
 from __future__ import annotations
@@ -56,20 +56,26 @@ def _by_split(pairs: Iterable[tuple[str | None, str]]) -> dict[str, list[str]]:
 
 def get_or_build(corpus: cache.BuiltinCorpus) -> str:
     """Builds the unfiltered corpus beside `corpus` (once); returns its directory."""
-    return cache.build_once(directory_of(corpus.directory), _build)
+    return cache.build_once(directory_of(corpus.directory), lambda staging: _build(corpus, staging))
 
 
-def _build(staging: str) -> None:
+def _build(corpus: cache.BuiltinCorpus, staging: str) -> None:
+    import sentencepiece as spm
+
     built = documents(sources.pydoc_topics(), sources.stdlib_docstrings())
+    processor = spm.SentencePieceProcessor(model_file=corpus.vocabulary_path)
     stats = {}
     for split, lines in built.items():
         with open(
             os.path.join(staging, f"{split}.txt"), "w", encoding="utf-8"
         ) as f:  # local path: corpus cache
             f.writelines(line + "\n" for line in lines)
+        ids = [i for line in lines for i in processor.encode(line)]
         stats[f"corpus_{split}"] = {
             "documents": len(lines),
             "words": sum(len(line.split()) for line in lines),
+            "tokens": len(ids),  # with the built-in vocabulary, trained on the cleaned corpus
+            "unknown_tokens": sum(i == processor.unk_id() for i in ids),
         }
     with open(
         os.path.join(staging, "stats.json"), "w", encoding="utf-8"
