@@ -47,15 +47,19 @@ else:
 
 @pytest.fixture(scope="session")
 def builtin_corpus():
-    """The real built-in corpus (text, supervised tasks, vocabulary) in the session's cache dir."""
+    """The real built-in corpus (text, supervised tasks, vocabulary) in the session's cache dir,
+    with the benchmark and the unfiltered corpus built beside it (once, not once per worker)."""
     import fcntl
 
-    from t2t.data.builtin import cache
+    from t2t.data.builtin import benchmark, cache, unfiltered
 
     root = os.environ["T2T_TEST_CORPUS_DIR"]
     with open(os.path.join(root, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return cache.get_or_build(root)
+        corpus = cache.get_or_build(root)
+        benchmark.get_or_build(corpus)
+        unfiltered.get_or_build(corpus)
+        return corpus
 
 
 @pytest.fixture(scope="session")
