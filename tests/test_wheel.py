@@ -87,6 +87,7 @@ def test_wheel_installs_and_trains_with_a_shipped_gin_file(tmp_path, builtin_cor
         if not k.startswith(("TF_CPP", "JAX_", "XLA_", "PYTHONPATH"))
     }
     env["T2T_CACHE_DIR"] = os.path.dirname(os.path.dirname(builtin_corpus.directory))
+    env["T2T_COMPILATION_CACHE"] = str(tmp_path / "xla")
     result = subprocess.run(
         [
             str(venv / "bin" / "t2t"),
@@ -105,5 +106,6 @@ def test_wheel_installs_and_trains_with_a_shipped_gin_file(tmp_path, builtin_cor
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained steps 0 -> 2" in result.stdout
     assert (tmp_path / "run" / "spiece.model").exists()
+    assert list((tmp_path / "xla").glob("jit_train_step-*-cache"))  # the step, kept for the next
     noisy = [line for line in result.stderr.splitlines() if NOISE.search(line)]
     assert not noisy, noisy

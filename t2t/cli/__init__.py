@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import re
 import sys
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     # same numbers, and on an H100 T5.1.1-base's parameter init took 15 s instead of 106 s
     # (benchmarks/README.md, GPU benchmark job 14). Read when JAX starts; no effect elsewhere.
     os.environ.setdefault("JAX_THREEFRY_GPU_KERNEL_LOWERING", "1")
+    _persistent_compilation_cache()
     argv = sys.argv[1:] if argv is None else list(argv)
     show_traceback = "--traceback" in argv or os.environ.get("T2T_TRACEBACK") == "1"
     verbose = "--verbose" in argv or os.environ.get("T2T_VERBOSE") == "1"
@@ -191,6 +193,28 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 (sorted into bad input and bugs)
         return _failed(args.command, error, show_traceback)
     return code if isinstance(code, int) else 0
+
+
+def _persistent_compilation_cache() -> None:
+    """Keeps each compiled XLA program on disk, so that the next process (a resumed run, the
+    next stage of a chain, the next run of a study) loads it instead of compiling it again.
+
+    In `$T2T_COMPILATION_CACHE`, else `$T2T_CACHE_DIR/xla` (`~/.cache/t2t/xla`); `off` turns it
+    off, and JAX's own `JAX_COMPILATION_CACHE_DIR` wins over both. Programs that compiled in
+    under half a second are not kept. With `filelock` installed the directory is held to 4 GiB
+    (least recently used first out) and read and written under its lock. Read when JAX starts:
+    a process that imported JAX before `main` (the Python API) sets JAX's options itself.
+    """
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    chosen = os.environ.get("T2T_COMPILATION_CACHE", "")
+    if chosen.lower() == "off":
+        return
+    root = os.path.expanduser(os.environ.get("T2T_CACHE_DIR", "~/.cache/t2t"))  # cache_root()
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = chosen or os.path.join(root, "xla")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    if importlib.util.find_spec("filelock") is not None:
+        os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 
 def _refusal(args, gin_bindings: list[str]) -> str | None:

@@ -186,3 +186,35 @@ def test_an_unquoted_string_binding_is_a_message_not_a_traceback(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"gin could not parse {bad}, line 2: 'MODEL_DIR = runs/x'" in err
     assert "quote strings, e.g. MODEL_DIR = 'runs/x'" in err
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, "{home}/.cache/t2t/xla"),
+        ({"T2T_CACHE_DIR": "/data/t2t"}, "/data/t2t/xla"),
+        ({"T2T_CACHE_DIR": "/data/t2t", "T2T_COMPILATION_CACHE": "/fast/xla"}, "/fast/xla"),
+        ({"T2T_COMPILATION_CACHE": "/fast/xla", "JAX_COMPILATION_CACHE_DIR": "/jax"}, "/jax"),
+        ({"T2T_COMPILATION_CACHE": "OFF"}, None),
+    ],
+)
+def test_the_command_keeps_compiled_programs_where_the_environment_says(
+    given, expected, monkeypatch
+):
+    """`t2t`'s persistent compilation cache: JAX's own variable, then t2t's, then the cache
+    root; `off` leaves JAX without one. (tests/test_wheel.py sees a run fill it.)"""
+    for name in (
+        "JAX_COMPILATION_CACHE_DIR",
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+        "JAX_COMPILATION_CACHE_MAX_SIZE",
+        "T2T_COMPILATION_CACHE",
+        "T2T_CACHE_DIR",
+    ):
+        monkeypatch.delenv(name, raising=False)  # and restored after
+    monkeypatch.setenv("HOME", "/home/user")
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    cli._persistent_compilation_cache()
+    if expected is not None:
+        expected = expected.format(home="/home/user")
+    assert os.environ.get("JAX_COMPILATION_CACHE_DIR") == expected
