@@ -201,8 +201,9 @@ def _persistent_compilation_cache() -> None:
 
     In `$T2T_COMPILATION_CACHE`, else `$T2T_CACHE_DIR/xla` (`~/.cache/t2t/xla`); `off` turns it
     off, and JAX's own `JAX_COMPILATION_CACHE_DIR` wins over both. Programs that compiled in
-    under half a second are not kept. With `filelock` installed the directory is held to 4 GiB
-    (least recently used first out) and read and written under its lock. Read when JAX starts:
+    under half a second are not kept. With `filelock` installed a local directory is held to
+    4 GiB (least recently used first out) and read and written under its lock; a gs:// one
+    (`T2T_COMPILATION_CACHE=gs://...`, which outlives a preempted VM) is not limited. Read when JAX starts:
     a process that imported JAX before `main` (the Python API) sets JAX's options itself.
     """
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
@@ -211,9 +212,12 @@ def _persistent_compilation_cache() -> None:
     if chosen.lower() == "off":
         return
     root = os.path.expanduser(os.environ.get("T2T_CACHE_DIR", "~/.cache/t2t"))  # cache_root()
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = chosen or os.path.join(root, "xla")
+    directory = chosen or os.path.join(root, "xla")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-    if importlib.util.find_spec("filelock") is not None:
+    if "://" in directory:  # a bucket: JAX's size limit takes a lock file only a disk can hold
+        os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = "-1"
+    elif importlib.util.find_spec("filelock") is not None:
         os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 

@@ -63,8 +63,9 @@ def t2t_process(gcs):
     """`t2t_process(argv, cwd)`: `t2t ARGV` in a new process started in `cwd`, with the
     emulator's environment: what a second host sees (the bucket, nothing local)."""
 
-    def run(argv, cwd, *, timeout=600, env=None, wait=True):
+    def run(argv, cwd, *, timeout=600, env=None, wait=True):  # env: a None value unsets
         environment = {**os.environ, **gcs.env, "PYTHONPATH": REPO, **(env or {})}
+        environment = {k: v for k, v in environment.items() if v is not None}
         command = [sys.executable, "-m", "t2t.cli", *argv]
         if not wait:
             return subprocess.Popen(

@@ -219,10 +219,14 @@ def test_sigkill_during_a_save_in_the_bucket_and_a_resume_on_another_host(
     assert partial is not None, f"the run ended before the kill:\n{output[-3000:]}"
     assert process.returncode == -signal.SIGKILL
     assert "train.lock" in listing(run)  # left behind by the killed holder
-    resumed = t2t_process(train_argv(run, 9), second)
+    # The new host keeps its compiled programs in the bucket, where the next one finds them.
+    cache = {"T2T_COMPILATION_CACHE": f"{bucket_dir}/xla", "JAX_COMPILATION_CACHE_DIR": None}
+    cache["JAX_COMPILATION_CACHE_MAX_SIZE"] = None  # the suite's local limit (conftest.py)
+    resumed = t2t_process(train_argv(run, 9), second, env=cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = resumed.stdout + resumed.stderr
     assert "Taking over the stale lock" in said and "trained steps 3 -> 9" in said
+    assert any(n.startswith("jit_train_step-") for n in listing(f"{bucket_dir}/xla"))
     _assert_same_run(run, straight)
     assert cli.main(["check", run]) == 0
     assert "0 damaged" in capsys.readouterr().out

@@ -196,13 +196,15 @@ def test_an_unquoted_string_binding_is_a_message_not_a_traceback(tmp_path, capsy
         ({"T2T_CACHE_DIR": "/data/t2t", "T2T_COMPILATION_CACHE": "/fast/xla"}, "/fast/xla"),
         ({"T2T_COMPILATION_CACHE": "/fast/xla", "JAX_COMPILATION_CACHE_DIR": "/jax"}, "/jax"),
         ({"T2T_COMPILATION_CACHE": "OFF"}, None),
+        ({"T2T_COMPILATION_CACHE": "gs://bucket/xla"}, "gs://bucket/xla"),
     ],
 )
 def test_the_command_keeps_compiled_programs_where_the_environment_says(
     given, expected, monkeypatch
 ):
     """`t2t`'s persistent compilation cache: JAX's own variable, then t2t's, then the cache
-    root; `off` leaves JAX without one. (tests/test_wheel.py sees a run fill it.)"""
+    root; `off` leaves JAX without one. (tests/test_wheel.py sees a run fill it, and
+    tests/object_store/test_train_on_gcs.py one in the bucket.)"""
     for name in (
         "JAX_COMPILATION_CACHE_DIR",
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -218,3 +220,5 @@ def test_the_command_keeps_compiled_programs_where_the_environment_says(
     if expected is not None:
         expected = expected.format(home="/home/user")
     assert os.environ.get("JAX_COMPILATION_CACHE_DIR") == expected
+    if expected and expected.startswith("gs://"):  # no size limit: its lock file needs a disk
+        assert os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == "-1"
