@@ -21,9 +21,9 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 # took 253 s of CPU instead of 323 s). XLA's own passes over the program, its buffers and its
 # cost analysis are untouched; only the machine code is less optimized. Every process a test
 # starts inherits it. `make demo` and the benchmarks compile as users do.
-_CODEGEN_FLAG = "--xla_backend_optimization_level=0"
-for _flag in (_DEVICE_FLAG, _CODEGEN_FLAG):
-    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+_CODEGEN_FLAG = "--xla_backend_optimization_level=0"  # unless XLA_FLAGS sets the level
+for _flag, _unless in ((_DEVICE_FLAG, _DEVICE_FLAG), (_CODEGEN_FLAG, _CODEGEN_FLAG[:-2])):
+    if _unless not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

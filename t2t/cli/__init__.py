@@ -203,8 +203,8 @@ def _persistent_compilation_cache() -> None:
     off, and JAX's own `JAX_COMPILATION_CACHE_DIR` wins over both. Programs that compiled in
     under half a second are not kept. With `filelock` installed a local directory is held to
     4 GiB (least recently used first out) and read and written under its lock; a gs:// one
-    (`T2T_COMPILATION_CACHE=gs://...`, which outlives a preempted VM) is not limited. Read when JAX starts:
-    a process that imported JAX before `main` (the Python API) sets JAX's options itself.
+    (which outlives a preempted VM) is not limited. Read when JAX starts: a process that
+    imported JAX before `main` (the Python API) sets JAX's options itself.
     """
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
