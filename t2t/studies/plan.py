@@ -178,12 +178,19 @@ def _design_cells(design: Mapping[str, Any] | None, timed: bool) -> str:
 def stages_to_train(unscored, search_paths) -> list[tuple[str, str | None, int]]:
     """(name, task, steps left) of every stage the unscored runs still train, a shared stage
     once; a stage's steps are its TRAIN_STEPS less the step of its latest checkpoint."""
+    return [stage for run in stages_by_run(unscored, search_paths) for stage in run]
+
+
+def stages_by_run(unscored, search_paths) -> list[list[tuple[str, str | None, int]]]:
+    """As `stages_to_train`, one list per unscored run in its order: a shared stage is in the
+    list of the first run that trains it."""
     records: dict[Any, dict[str, dict]] = {}
-    left, seen = [], set()
+    by_run, seen = [], set()
     for key, run_dir, stages in unscored:
         if key not in records:  # the seeds change no stage's task or steps
             checked = chain.validate(run_dir, stages, search_paths=search_paths)
             records[key] = {record["name"]: record for _, _, record in checked}
+        left = []
         for stage in stages:
             if stage.directory in seen:
                 continue
@@ -192,7 +199,8 @@ def stages_to_train(unscored, search_paths) -> list[tuple[str, str | None, int]]
             remaining = (record["train_steps"] or 0) - chain.step_in(stage.directory)
             if remaining > 0:
                 left.append((stage.name, record.get("task"), remaining))
-    return left
+        by_run.append(left)
+    return by_run
 
 
 def stage_rates(directories: Iterable[str]) -> dict[tuple[str, str | None], list[float]]:
@@ -203,15 +211,24 @@ def stage_rates(directories: Iterable[str]) -> dict[tuple[str, str | None], list
     for top in directories:
         found = files.files_under(top) if files.isdir(top) else []
         for name in found:
-            if name.split("/")[-1] != CHAIN_FILE:
-                continue
-            records = json.loads(files.read_text(files.join(top, name))).get("stages", [])
-            for record in records:
-                steps, seconds = record.get("trained_steps"), record.get("seconds")
-                if steps and seconds is not None and not record.get("skipped"):
-                    key = (record["name"], record.get("task"))
-                    rates.setdefault(key, []).append(seconds / steps)
+            if name.split("/")[-1] == CHAIN_FILE:
+                add_rates(rates, files.join(top, name))
     return rates
+
+
+def add_rates(rates: dict[tuple[str, str | None], list[float]], chain_file: str) -> None:
+    """Adds the timed stages of one `chain.json` to `rates` (as `stage_rates` gives them)."""
+    for record in json.loads(files.read_text(chain_file)).get("stages", []):
+        steps, seconds = record.get("trained_steps"), record.get("seconds")
+        if steps and seconds is not None and not record.get("skipped"):
+            rates.setdefault((record["name"], record.get("task")), []).append(seconds / steps)
+
+
+def eta(stages_left: Sequence[tuple[str, str | None, int]], rates) -> str:
+    """ ", ETA <duration>" of `stages_left` at `rates` (`wall_time`), or "" with nothing to
+    train or nothing timed yet: what a study prints before each run."""
+    seconds = wall_time(stages_left, rates)["seconds"] if stages_left else None
+    return "" if not seconds else f", ETA {_duration(seconds)}"
 
 
 def wall_time(

@@ -539,20 +539,25 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
     todo = [cell for cell in grid if _read_score(study_dir, cell) is None]
     done_before = len(grid) - len(todo)
     _validate(todo, study_dir, common, lengths, corpus, search_paths)
+    # The ETA: the stages each run still trains, at the seconds per step of the stages of the
+    # same name and task timed so far (`t2t.studies.plan.wall_time`), updated after each run.
+    expanded = [_expand(cell, study_dir, common, lengths, corpus) for cell in todo]
+    keys = [(cell.arm["name"], cell.task) for cell in todo]
+    runs = [_run_dir(study_dir, cell) for cell in todo]
+    left = plan_lib.stages_by_run(list(zip(keys, runs, expanded, strict=True)), search_paths)
+    rates = plan_lib.stage_rates([study_dir])
     start = time.perf_counter()
-    for index, cell in enumerate(todo):
+    for index, (cell, stages, directory) in enumerate(zip(todo, expanded, runs, strict=True)):
         arm, task, seed = cell.arm, cell.task, cell.seed
-        elapsed = time.perf_counter() - start
-        eta = "" if not index else f", ETA {elapsed / index * (len(todo) - index) / 60:.0f} min"
         replica = "" if cell.pretraining is None else f"pretraining {cell.pretraining} / "
+        eta = plan_lib.eta([stage for run in left[index:] for stage in run], rates)
         print(
             f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
             f"{replica}seed {seed} ({done_before} done before{eta})",
             flush=True,
         )
-        stages = _expand(cell, study_dir, common, lengths, corpus)
-        directory = _run_dir(study_dir, cell)
         chain.run(directory, stages, search_paths=search_paths)
+        plan_lib.add_rates(rates, files.join(directory, plan_lib.CHAIN_FILE))
         if _evaluates(arm):
             score = _evaluate(stages[-1].directory, task, directory, lengths)
         else:

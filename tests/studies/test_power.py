@@ -124,6 +124,14 @@ def test_the_wall_time_takes_the_rate_of_the_same_stage_and_task_first():
     assert plan.wall_time(stages, {})["seconds"] is None
 
 
+def test_the_eta_before_each_run_is_the_wall_time_of_the_stages_left():
+    rates = {("pretrain", "c4"): [0.4], ("finetune", "glue"): [0.3]}
+    left = [("pretrain", "c4", 500), ("finetune", "glue", 300)]  # 200 s + 90 s
+    assert plan.eta(left, rates) == ", ETA 5 min"
+    assert plan.eta(left[1:], rates) == ", ETA 90 s"
+    assert plan.eta([], rates) == plan.eta(left, {}) == ""  # nothing left, nothing timed yet
+
+
 def _chain_json(directory, stages):
     directory.mkdir(parents=True)
     (directory / "chain.json").write_text(json.dumps({"stages": stages}))

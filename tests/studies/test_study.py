@@ -118,7 +118,7 @@ def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
 
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "run 3/4" in printed and "(2 done before" in printed and "run 1/4" not in printed
+    assert "run 3/4" in printed and "(2 done before, ETA " in printed and "run 1/4" not in printed
     assert all(os.path.getmtime(p) == t for p, t in before.items())  # not rerun
     result, found = scores(study_dir)
     assert len(found) == 4 and result["missing"] == []
