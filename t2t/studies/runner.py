@@ -539,13 +539,9 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
     todo = [cell for cell in grid if _read_score(study_dir, cell) is None]
     done_before = len(grid) - len(todo)
     _validate(todo, study_dir, common, lengths, corpus, search_paths)
-    # The ETA: the stages each run still trains, at the seconds per step of the stages of the
-    # same name and task timed so far (`t2t.studies.plan.wall_time`), updated after each run.
     expanded = [_expand(cell, study_dir, common, lengths, corpus) for cell in todo]
-    keys = [(cell.arm["name"], cell.task) for cell in todo]
     runs = [_run_dir(study_dir, cell) for cell in todo]
-    left = plan_lib.stages_by_run(list(zip(keys, runs, expanded, strict=True)), search_paths)
-    rates = plan_lib.stage_rates([study_dir])
+    left, rates = _timing(grid, todo, expanded, study_dir, search_paths)
     start = time.perf_counter()
     for index, (cell, stages, directory) in enumerate(zip(todo, expanded, runs, strict=True)):
         arm, task, seed = cell.arm, cell.task, cell.seed
@@ -577,6 +573,20 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
         f"{done_before} found done",
         flush=True,
     )
+
+
+def _timing(grid, todo, expanded, study_dir, search_paths):
+    """What the ETA before each run comes from (`t2t.studies.plan.eta`): the stages each run
+    of `todo` still trains, and the seconds per step of the stages timed in the study's runs so
+    far, read from each run's chain.json (not a walk of every checkpoint in a bucket)."""
+    keys = [(cell.arm["name"], cell.task) for cell in todo]
+    runs = [_run_dir(study_dir, cell) for cell in todo]
+    left = plan_lib.stages_by_run(list(zip(keys, runs, expanded, strict=True)), search_paths)
+    rates: dict = {}
+    for run_dir in dict.fromkeys(_run_dir(study_dir, cell) for cell in grid):
+        if files.exists(files.join(run_dir, plan_lib.CHAIN_FILE)):
+            plan_lib.add_rates(rates, files.join(run_dir, plan_lib.CHAIN_FILE))
+    return left, rates
 
 
 def _validate(todo, study_dir, common, lengths, corpus, search_paths) -> None:
