@@ -204,7 +204,7 @@ def _persistent_compilation_cache() -> None:
     under half a second are not kept. With `filelock` installed a local directory is held to
     4 GiB (least recently used first out) and read and written under its lock; a gs:// one
     (which outlives a preempted VM) is not limited. Read when JAX starts: a process that
-    imported JAX before `main` (the Python API) sets JAX's options itself.
+    imported JAX before `main` (the Python API) gets no cache unless it sets JAX's options.
     """
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
