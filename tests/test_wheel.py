@@ -7,6 +7,7 @@ downloads) but not its editable t2t: t2t comes from the wheel alone."""
 
 import glob
 import importlib.util
+import json
 import os
 import re
 import site
@@ -106,6 +107,8 @@ def test_wheel_installs_and_trains_with_a_shipped_gin_file(tmp_path, builtin_cor
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained steps 0 -> 2" in result.stdout
     assert (tmp_path / "run" / "spiece.model").exists()
+    starts = json.loads((tmp_path / "run" / "environment.json").read_text())["starts"]
+    assert [start["t2t"]["commit"] for start in starts] == [None]  # a wheel is no checkout
     assert list((tmp_path / "xla").glob("jit_train_step-*-cache"))  # the step, kept for the next
     noisy = [line for line in result.stderr.splitlines() if NOISE.search(line)]
     assert not noisy, noisy

@@ -110,7 +110,7 @@ def train(
       The trainer's summary (steps, first and last loss, compile time, eval results) and the
       printed predictions.
     """
-    from t2t import partitioning
+    from t2t import partitioning, provenance
     from t2t.checkpoints import lock
     from t2t.data import batches, pipeline
     from t2t.trainer import Trainer
@@ -152,6 +152,7 @@ def train(
         )
         vocabulary_file = metadata.get("vocabulary", {}).get("sentencepiece_model_file")
         write_run_files(model_dir, config, vocabulary_file=vocabulary_file)
+        provenance.record(model_dir, trainer.step)
         try:
             summary = trainer.train(train_steps)
             if trainer.is_chief:

@@ -18,7 +18,13 @@ from t2t.checkpoints import manager as manager_lib
 from t2t.checkpoints import model_dir as model_dir_lib
 from t2t.trainer import loop, reporting
 
-RUN_FILES = {"config.gin", "model_config.json", "spiece.model", "loss_curve.png"}
+RUN_FILES = {
+    "config.gin",
+    "model_config.json",
+    "environment.json",
+    "spiece.model",
+    "loss_curve.png",
+}
 
 
 def _losses(model_dir):

@@ -8,11 +8,13 @@ the network is shrunk by gin bindings so the whole module takes about a minute o
 """
 
 import os
+import subprocess
 
+import jax
 import numpy as np
 import pytest
 
-from t2t import cli, models, runs
+from t2t import cli, models, provenance, runs
 from t2t.trainer import loop, reporting
 
 DEMO = "gin/experiments/tiny_builtin_demo.gin"
@@ -34,6 +36,12 @@ def _builtin(builtin_tasks):
 def _train(model_dir, *bindings):
     runs.configure([DEMO, MICRO], [f"MODEL_DIR = '{model_dir}'", *SMALL, *bindings])
     return runs.train()
+
+
+def _head_commit():
+    """The commit of the checkout these tests run from (None outside one)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _losses(model_dir):
@@ -68,6 +76,12 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     assert cli.main(argv) == 0
     assert "nothing to train: the model directory is already at step 40" in capsys.readouterr().out
     assert sorted(_losses(tmp_path)) == list(range(1, 41))
+    # Each start left what it ran on: the step it started at, the code and the cores.
+    starts = provenance.read(str(tmp_path))
+    assert [start["step"] for start in starts] == [0, 40]
+    assert starts[0]["cpu_threads"] == len(os.sched_getaffinity(0))
+    assert starts[0]["packages"]["jax"] == jax.__version__
+    assert starts[0]["t2t"]["commit"] == _head_commit()
 
 
 def test_a_diverging_run_exits_with_a_message_not_a_traceback(tmp_path, capsys):
