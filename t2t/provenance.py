@@ -15,8 +15,9 @@ apart without guessing. What goes in:
   loss and then differs in the seventh digit, which training carries on (two fine-tunings of the
   built-in benchmark that differed only so ended 1.3 accuracy points apart). Rerun on as many
   cores to reproduce a CPU run bit for bit;
-- the environment variables that change compilation or numerics (`XLA_FLAGS`, `JAX_*`,
-  `LIBTPU_INIT_ARGS`, `TPU_*`, `T2T_*`), the host name, the start time and step.
+- the environment variables that change compilation, numerics or speed (`XLA_FLAGS`, `JAX_*`,
+  `LIBTPU_INIT_ARGS`, `TPU_*`, `T2T_*`, `GLIBC_TUNABLES`), the host name, the start time and
+  step.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from t2t import files
 ENVIRONMENT_JSON = "environment.json"
 # The distributions whose versions are recorded, by the names pip knows them by.
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio", "tensorflow", "numpy")
-# Environment variables recorded: those XLA, JAX, libtpu and t2t read.
-VARIABLE_PREFIXES = ("XLA_", "JAX_", "LIBTPU_", "TPU_", "T2T_")
+# Environment variables recorded: those XLA, JAX, libtpu, t2t and glibc's allocator read.
+VARIABLE_PREFIXES = ("XLA_", "JAX_", "LIBTPU_", "TPU_", "T2T_", "GLIBC_TUNABLES")
 
 
 def describe() -> dict[str, Any]:

@@ -9,10 +9,13 @@ import glob
 import importlib.util
 import json
 import os
+import platform
 import re
 import site
 import subprocess
 import sys
+
+from t2t import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE = re.compile(
@@ -109,6 +112,10 @@ def test_wheel_installs_and_trains_with_a_shipped_gin_file(tmp_path, builtin_cor
     assert (tmp_path / "run" / "spiece.model").exists()
     starts = json.loads((tmp_path / "run" / "environment.json").read_text())["starts"]
     assert [start["t2t"]["commit"] for start in starts] == [None]  # a wheel is no checkout
+    # The command ran itself again with glibc's large blocks on huge pages (t2t.cli).
+    library, version = platform.libc_ver()
+    if library == "glibc" and tuple(map(int, version.split(".")[:2])) >= (2, 35):
+        assert starts[0]["variables"]["GLIBC_TUNABLES"] == cli.HUGE_PAGES
     assert list((tmp_path / "xla").glob("jit_train_step-*-cache"))  # the step, kept for the next
     noisy = [line for line in result.stderr.splitlines() if NOISE.search(line)]
     assert not noisy, noisy

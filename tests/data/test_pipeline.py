@@ -134,6 +134,24 @@ def test_restore_continues_exactly(tasks, builtin_tasks, tmp_path, name, archite
         resumed.restore(str(tmp_path / "elsewhere"))
 
 
+def test_no_autotuning_model_and_positions_saved_with_one_restore(tasks, tmp_path):
+    """The pipeline runs without tf.data's autotuning model (destroying an iterator waited for
+    its thread, up to a minute); an iterator position saved by a pipeline that had it (t2t
+    before 2026-11-29) restores into today's and continues with the same batches."""
+    config = _config()
+    assert pipeline.build_dataset(config).options().autotune.enabled is False
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    autotuned = iter(pipeline.build_dataset(config).with_options(options))
+    for _ in range(3):
+        next(autotuned)
+    tf.train.Checkpoint(iterator=autotuned).write(str(tmp_path / pipeline._CHECKPOINT_NAME))
+    expected = [{k: v.numpy() for k, v in next(autotuned).items()} for _ in range(2)]
+    resumed = pipeline.InputPipeline(config)
+    resumed.restore(str(tmp_path))
+    _assert_same(_take(resumed, 2), expected)
+
+
 def test_two_hosts_partition_the_data(tasks):
     def rows(**overrides):
         config = _config(num_epochs=1, shuffle=False, pack=False, **overrides)

@@ -236,3 +236,39 @@ def test_the_command_keeps_compiled_programs_where_the_environment_says(
     assert os.environ.get("JAX_COMPILATION_CACHE_DIR") == expected
     if expected and expected.startswith("gs://"):  # no size limit: its lock file needs a disk
         assert os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] == "-1"
+
+
+@pytest.mark.parametrize(
+    "tunables,libc,restarts",
+    [
+        (None, ("glibc", "2.36"), True),
+        ("glibc.malloc.arena_max=2", ("glibc", "2.36"), False),  # the user's own, kept
+        ("", ("glibc", "2.36"), False),  # set empty: kept too (glibc's defaults)
+        (None, ("glibc", "2.31"), False),  # no hugetlb tunable before 2.35
+        (None, ("", ""), False),  # not glibc (musl)
+    ],
+)
+def test_the_command_restarts_itself_with_large_blocks_on_huge_pages(
+    tunables, libc, restarts, monkeypatch
+):
+    """`t2t` runs itself again (exec, same arguments) with glibc's large blocks on huge pages,
+    unless GLIBC_TUNABLES is set or the C library cannot take it. (tests/test_wheel.py sees an
+    installed `t2t train` record it; benchmarks/cpu_huge_pages.py measures it.)"""
+    import platform
+    import sys
+
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    if tunables is not None:
+        monkeypatch.setenv("GLIBC_TUNABLES", tunables)
+    monkeypatch.setattr(platform, "libc_ver", lambda: libc)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "/venv/bin/t2t", "train", "--x"])
+    calls = []
+    monkeypatch.setattr(os, "execve", lambda *args: calls.append(args))
+    cli._restart_on_huge_pages()
+    if restarts:
+        [(path, argv, environment)] = calls
+        assert path == sys.executable and argv == [sys.executable, "/venv/bin/t2t", "train", "--x"]
+        assert environment["GLIBC_TUNABLES"] == cli.HUGE_PAGES == "glibc.malloc.hugetlb=1"
+    else:
+        assert calls == []
