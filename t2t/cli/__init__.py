@@ -269,15 +269,16 @@ def _failed(command: str, error: Exception, show_traceback: bool) -> int:
 
 # XLA's CPU client allocates each step's temporary buffer (470 MB for the tiny preset at 32 rows
 # of 128 + 128 tokens) from a worker thread, where glibc maps every large block afresh and the
-# kernel zeroes it 4 KiB at a time: 115,000 page faults, a quarter of the step on one core. On
-# huge pages (transparent, 2 MiB) the same memory costs 400 faults: benchmarks/cpu_huge_pages.py.
+# kernel zeroes it 4 KiB at a time: 114,863 page faults, a quarter of the step on one core. On
+# huge pages (transparent, 2 MiB) the same memory costs 401: benchmarks/cpu_huge_pages.py.
 HUGE_PAGES = "glibc.malloc.hugetlb=1"  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on its mappings
 
 
 def _restart_on_huge_pages() -> None:
     """Runs this command again (the same process, `exec`) with glibc's allocator putting its
     large blocks on transparent huge pages, unless GLIBC_TUNABLES is already set (a value of
-    one's own, even empty, is kept) or this is not Linux with glibc 2.35 or later."""
+    one's own, even empty, is kept) or this is not Linux with glibc 2.35 or later. Only the
+    console script does this; Python code embedding the CLI calls `main`."""
     import platform
 
     if sys.platform != "linux" or "GLIBC_TUNABLES" in os.environ or not sys.executable:

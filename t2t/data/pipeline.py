@@ -121,10 +121,11 @@ def build_dataset_and_subset(config: PipelineConfig):
         dataset = _full(provider, lengths, converter, config)
     options = tf.data.Options()
     options.deterministic = True
-    # No autotuning model. Its thread wakes up to a minute apart once a pipeline has run a
-    # while, and destroying the iterator waits for it: 33 s at the end of 100 demo steps, at the
-    # end of every training run and study stage. Without it, maps given AUTOTUNE run one call
-    # per core: the same batches, the same step time (docs/data.md).
+    # No autotuning model. Its thread sleeps up to a minute between rounds once a pipeline has
+    # run a while, and dropping an iterator whose position was saved waited for it: 38 s at the
+    # end of 100 demo steps, of every training run and study stage
+    # (benchmarks/input_pipeline_teardown.py). Without it, maps given AUTOTUNE run one call per
+    # core: the same batches, the same step time.
     options.autotune.enabled = False
     dataset = dataset.with_options(options)
     dataset = dataset.batch(config.per_host_batch_size, drop_remainder=config.num_epochs is None)
