@@ -11,7 +11,8 @@ Rerunning the command resumes: finished stages are skipped (their selection is r
 from their checkpoints) and an interrupted stage resumes from its latest checkpoint, so a
 killed chain ends exactly as an uninterrupted one. `<MODEL_DIR>/chain.json` records each
 stage's directory, start, selection and command, and for a stage this invocation trained, its
-steps and wall time (what `t2t study --plan` estimates a study's time from).
+steps and wall time, less any time its process was stopped (what `t2t study --plan` estimates a
+study's time from).
 
 A chain file binds `t2t.chain.run.stages` to a list of dicts (gin literals):
 
@@ -29,13 +30,12 @@ import dataclasses
 import json
 import re
 import shlex
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gin
 
-from t2t import files
+from t2t import files, stopwatch
 
 CHAIN_FILE = "chain.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -132,7 +132,8 @@ def run(
     Returns:
       {"stages": [per-stage record: name, model_dir, init_checkpoint, selection,
       selected_step, command, task, train_steps, skipped, and for a stage trained here its
-      trained_steps and seconds]}, also written to `<model_dir>/chain.json`.
+      trained_steps, seconds (wall seconds less the time the process was stopped:
+      `t2t.stopwatch`) and stopped_seconds]}, also written to `<model_dir>/chain.json`.
     """
     from t2t import runs
 
@@ -173,9 +174,11 @@ def _run_stage(stage: Stage, record: dict[str, Any]) -> None:
             flush=True,
         )
         start_step = step_in(directory)
-        started = time.perf_counter()
-        runs.train()
-        record["seconds"] = round(time.perf_counter() - started, 1)
+        with stopwatch.Stopwatch() as watch:
+            runs.train()
+        # What a plan reads: the time the stage ran, not the time its process was stopped.
+        record["seconds"] = round(watch.elapsed() - watch.stopped(), 1)
+        record["stopped_seconds"] = round(watch.stopped(), 1)
         record["trained_steps"] = step_in(directory) - start_step
     record["selected_step"] = sources.resolve(record["selection"])[1] or _latest(directory)
 

@@ -25,13 +25,12 @@ import itertools
 import json
 import math
 import re
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import gin
 
-from t2t import chain, files
+from t2t import chain, files, stopwatch
 from t2t.errors import UserError
 from t2t.studies import aggregate, baselines, report
 from t2t.studies import claims as claims_lib
@@ -542,35 +541,37 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
     expanded = [_expand(cell, study_dir, common, lengths, corpus) for cell in todo]
     runs = [_run_dir(study_dir, cell) for cell in todo]
     left, rates = _timing(grid, todo, expanded, study_dir, search_paths)
-    start = time.perf_counter()
-    for index, (cell, stages, directory) in enumerate(zip(todo, expanded, runs, strict=True)):
-        arm, task, seed = cell.arm, cell.task, cell.seed
-        replica = "" if cell.pretraining is None else f"pretraining {cell.pretraining} / "
-        eta = plan_lib.eta([stage for run in left[index:] for stage in run], rates)
-        print(
-            f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
-            f"{replica}seed {seed} ({done_before} done before{eta})",
-            flush=True,
-        )
-        chain.run(directory, stages, search_paths=search_paths)
-        plan_lib.add_rates(rates, files.join(directory, plan_lib.CHAIN_FILE))
-        if _evaluates(arm):
-            score = _evaluate(stages[-1].directory, task, directory, lengths)
-        else:
-            score = run_score(stages[-1].directory, task)
-        record = {
-            "arm": arm["name"],
-            "task": task,
-            "seed": seed,
-            "pretraining": cell.pretraining,
-            "run_seed": run_seed(seed, cell.pretraining),
-            "score": score,
-            "model_dir": stages[-1].directory,
-        }
-        files.write_text(files.join(directory, SCORE_FILE), json.dumps(record, indent=1))
+    with stopwatch.Stopwatch() as watch:
+        for index, (cell, stages, directory) in enumerate(zip(todo, expanded, runs, strict=True)):
+            arm, task, seed = cell.arm, cell.task, cell.seed
+            replica = "" if cell.pretraining is None else f"pretraining {cell.pretraining} / "
+            eta = plan_lib.eta([stage for run in left[index:] for stage in run], rates)
+            print(
+                f"study: run {done_before + index + 1}/{len(grid)}: {arm['name']} / {task} / "
+                f"{replica}seed {seed} ({done_before} done before{eta})",
+                flush=True,
+            )
+            chain.run(directory, stages, search_paths=search_paths)
+            plan_lib.add_rates(rates, files.join(directory, plan_lib.CHAIN_FILE))
+            if _evaluates(arm):
+                score = _evaluate(stages[-1].directory, task, directory, lengths)
+            else:
+                score = run_score(stages[-1].directory, task)
+            record = {
+                "arm": arm["name"],
+                "task": task,
+                "seed": seed,
+                "pretraining": cell.pretraining,
+                "run_seed": run_seed(seed, cell.pretraining),
+                "score": score,
+                "model_dir": stages[-1].directory,
+            }
+            files.write_text(files.join(directory, SCORE_FILE), json.dumps(record, indent=1))
+    stopped = watch.stopped()
     print(
-        f"study: {len(todo)} runs trained in {(time.perf_counter() - start) / 60:.1f} min, "
-        f"{done_before} found done",
+        f"study: {len(todo)} runs trained in {(watch.elapsed() - stopped) / 60:.1f} min"
+        + (f" (and {stopped / 60:.1f} min stopped)" if stopped else "")
+        + f", {done_before} found done",
         flush=True,
     )
 

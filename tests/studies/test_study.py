@@ -139,6 +139,7 @@ def test_a_study_is_killed_resumes_and_aggregates(micro, tmp_path, capsys):
     assert {r["train_steps"] for r in records} == {2}
     assert {r["task"] for r in records} == {"builtin_span_corruption", "builtin_order"}
     assert all(0 < r["trained_steps"] <= 2 and r["seconds"] > 0 for r in records)
+    assert all(r["stopped_seconds"] == 0 for r in records)  # none was stopped (t2t.stopwatch)
     assert cli.main([*argv, "--seeds=0,1,2", "--plan"]) == 0
     printed = capsys.readouterr().out
     assert "Wall time: 2 runs left, 3 stages to train (6 steps): about" in printed
