@@ -97,6 +97,20 @@ def t5_small_pair(seed: int = 0):
     return torch_model, models.EncoderDecoderModel(t2t_config), params
 
 
+def demo_train_flags(model_dir: str, steps: int) -> list[str]:
+    """`t2t train` flags for the built-in demo's pretraining for `steps` steps into `model_dir`:
+    one checkpoint at the end, no evaluations and no progress bar (run from the repository)."""
+    return [
+        "--gin_file=gin/experiments/tiny_builtin_demo.gin",
+        f"--gin.MODEL_DIR='{model_dir}'",
+        f"--gin.TRAIN_STEPS={steps}",
+        f"--gin.t2t.runs.CheckpointOptions.every={steps}",
+        "--gin.t2t.runs.EvalOptions.every=None",
+        "--gin.t2t.runs.EvalOptions.num_predictions=0",
+        "--gin.t2t.runs.LoopOptions.progress=False",
+    ]
+
+
 def write_report(report: dict, path: str) -> None:
     """Adds the load average after the runs to `report` and writes it as JSON to `path`."""
     report["load_average_after"] = os.getloadavg()

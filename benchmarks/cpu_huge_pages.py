@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+from common import demo_train_flags
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULT_PREFIX = "RESULT "
@@ -140,16 +142,7 @@ def measure_train(core: int, tunables: str | None, steps: int) -> dict:
         environment["GLIBC_TUNABLES"] = tunables
     t2t = os.path.join(os.path.dirname(sys.executable), "t2t")
     with tempfile.TemporaryDirectory() as model_dir:
-        command = [
-            "taskset", "-c", str(core), t2t, "train",
-            "--gin_file=gin/experiments/tiny_builtin_demo.gin",
-            f"--gin.MODEL_DIR='{model_dir}'",
-            f"--gin.TRAIN_STEPS={steps}",
-            f"--gin.t2t.runs.CheckpointOptions.every={steps}",
-            "--gin.t2t.runs.EvalOptions.every=None",
-            "--gin.t2t.runs.EvalOptions.num_predictions=0",
-            "--gin.t2t.runs.LoopOptions.progress=False",
-        ]  # fmt: skip
+        command = ["taskset", "-c", str(core), t2t, "train", *demo_train_flags(model_dir, steps)]
         start = time.perf_counter()
         subprocess.run(command, env=environment, cwd=ROOT, capture_output=True, check=True)
         seconds = time.perf_counter() - start

@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from common import demo_train_flags
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # The `t2t` command, with the autotuning model given back to t2t's pipeline when asked.
@@ -49,17 +51,9 @@ console()
 
 def measure(core: int, autotune: bool, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as model_dir:
-        command = [
-            "taskset", "-c", str(core), sys.executable, "-c", LAUNCH,
-            "autotune" if autotune else "plain", "train",
-            "--gin_file=gin/experiments/tiny_builtin_demo.gin",
-            f"--gin.MODEL_DIR='{model_dir}'",
-            f"--gin.TRAIN_STEPS={steps}",
-            f"--gin.t2t.runs.CheckpointOptions.every={steps}",
-            "--gin.t2t.runs.EvalOptions.every=None",
-            "--gin.t2t.runs.EvalOptions.num_predictions=0",
-            "--gin.t2t.runs.LoopOptions.progress=False",
-        ]  # fmt: skip
+        mode = "autotune" if autotune else "plain"
+        launch = ["taskset", "-c", str(core), sys.executable, "-c", LAUNCH, mode]
+        command = [*launch, "train", *demo_train_flags(model_dir, steps)]
         start = time.perf_counter()
         process = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
