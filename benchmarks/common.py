@@ -97,6 +97,59 @@ def t5_small_pair(seed: int = 0):
     return torch_model, models.EncoderDecoderModel(t2t_config), params
 
 
+def tiny_training(inputs: int, targets: int, batch: int = 32, seed: int = 0):
+    """The tiny preset (vocabulary 2,048) as the studies pretrain it, float32: its model, the
+    optimizer (Adafactor, inverse square root schedule), the training step as `t2t.trainer` runs
+    it (`EncoderDecoderModel.loss_fn` -> `t2t.optim.accumulate_gradients` -> Adafactor; not
+    jitted) and a batch of random tokens, two examples packed per row of `inputs` and `targets`
+    tokens.
+
+    Returns:
+      (model, tx, step, batch) with step(params, opt_state, batch, rng) -> (params, opt_state,
+      loss) and batch a dict of numpy arrays.
+    """
+    import numpy as np
+    import optax
+
+    from t2t import models, optim
+    from t2t.nn import presets
+
+    config = presets.get_preset("tiny", vocab_size=2048)
+    model = models.EncoderDecoderModel(config, loss_normalizing_factor="num_real_target_tokens")
+    tx = optim.adafactor(optim.inverse_sqrt())
+
+    def step(params, opt_state, batch, rng):
+        loss, _, grads = optim.accumulate_gradients(model.loss_fn, params, batch, rng)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(seed)
+
+    def packed(length):  # two examples a row: segment ids and positions
+        half = length // 2
+        segments = np.repeat(np.array([[1] * half + [2] * half], np.int32), batch, axis=0)
+        return segments, np.tile(np.arange(half, dtype=np.int32), (batch, 2))
+
+    (encoder_segments, encoder_positions), (decoder_segments, decoder_positions) = (
+        packed(inputs),
+        packed(targets),
+    )
+    target_tokens = rng.integers(2, config.vocab_size, (batch, targets)).astype(np.int32)
+    data = {
+        "encoder_input_tokens": rng.integers(2, config.vocab_size, (batch, inputs)).astype(
+            np.int32
+        ),
+        "decoder_input_tokens": np.pad(target_tokens[:, :-1], ((0, 0), (1, 0))),
+        "decoder_target_tokens": target_tokens,
+        "decoder_loss_weights": np.ones((batch, targets), np.float32),
+        "encoder_segment_ids": encoder_segments,
+        "decoder_segment_ids": decoder_segments,
+        "encoder_positions": encoder_positions,
+        "decoder_positions": decoder_positions,
+    }
+    return model, tx, step, data
+
+
 def demo_train_flags(model_dir: str, steps: int) -> list[str]:
     """`t2t train` flags for the built-in demo's pretraining for `steps` steps into `model_dir`:
     one checkpoint at the end, no evaluations and no progress bar (run from the repository)."""

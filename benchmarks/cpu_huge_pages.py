@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from common import demo_train_flags
+from common import demo_train_flags, tiny_training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -48,41 +48,11 @@ BATCH, LENGTH = 32, 128
 def step_worker(args) -> dict:
     """Compile and time the tiny preset's training step in this process."""
     import jax
-    import numpy as np
-    import optax
 
-    from t2t import models, optim
-    from t2t.nn import presets
-
-    config = presets.get_preset("tiny", vocab_size=2048)
-    model = models.EncoderDecoderModel(config, loss_normalizing_factor="num_real_target_tokens")
+    model, tx, train_step, batch = tiny_training(LENGTH, LENGTH, BATCH)
     params = model.init_params(jax.random.key(0))
-    tx = optim.adafactor(optim.inverse_sqrt())
     opt_state = jax.jit(tx.init)(params)
-    rng = np.random.default_rng(0)
-    half = LENGTH // 2
-    segments = np.repeat(np.array([[1] * half + [2] * half], np.int32), BATCH, axis=0)
-    positions = np.tile(np.arange(half, dtype=np.int32), (BATCH, 2))
-    targets = rng.integers(2, config.vocab_size, (BATCH, LENGTH)).astype(np.int32)
-    batch = jax.device_put(
-        {
-            "encoder_input_tokens": rng.integers(2, config.vocab_size, (BATCH, LENGTH)).astype(
-                np.int32
-            ),
-            "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-            "decoder_target_tokens": targets,
-            "decoder_loss_weights": np.ones((BATCH, LENGTH), np.float32),
-            "encoder_segment_ids": segments,
-            "decoder_segment_ids": segments,
-            "encoder_positions": positions,
-            "decoder_positions": positions,
-        }
-    )
-
-    def train_step(params, opt_state, batch, rng):
-        loss, _, grads = optim.accumulate_gradients(model.loss_fn, params, batch, rng)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    batch = jax.device_put(batch)
 
     step = jax.jit(train_step, donate_argnums=(0, 1))
     state = {"params": params, "opt_state": opt_state, "loss": None}
