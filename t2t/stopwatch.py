@@ -1,8 +1,8 @@
 """Wall time that leaves out the time the process was stopped.
 
-A run's wall time is what a study plans from (`t2t.studies.plan`), but a process stopped by
-SIGSTOP (a shell's Ctrl-Z, a scheduler's or an operator's pause, a debugger) or frozen with its VM
-keeps the monotonic clock running: a stage paused for 16 minutes reads as 1,385 s instead of 400 s
+A run's wall time is what a study plans from (`t2t.studies.plan`), but while a process is
+stopped by SIGSTOP (a shell's Ctrl-Z, a scheduler's or an operator's pause, a debugger) the
+monotonic clock keeps running: a stage paused for 16 minutes reads as 1,385 s instead of 400 s
 and every estimate made from it is 3x off. Suspending the machine is no problem (Linux's
 monotonic clock stops then); a stopped process is.
 
