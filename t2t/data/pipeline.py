@@ -20,6 +20,12 @@ from t2t import files
 from t2t.data import features, registry, subsample, tf_setup
 
 _CHECKPOINT_NAME = "data_iterator"
+# A capped task's kept examples are held in memory after the first epoch (tf.data's cache), up
+# to this many: every later epoch reads them from there instead of running the task's whole
+# split through its preprocessors again to keep a few (a 32-example subset of the built-in
+# corpus: 0.94 -> 0.011 s a batch, the same batches). tf.data writes the cache into every saved
+# iterator position, so a larger subset is read again each epoch, as before.
+CACHE_SUBSET_AT_MOST = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +105,12 @@ def check_readable(config: PipelineConfig):
     return provider, _lengths_for(provider, config.task_feature_lengths)
 
 
-def build_dataset_and_subset(config: PipelineConfig):
-    """`build_dataset`, and the description of the subset kept (None without `max_examples`)."""
+def build_dataset_and_subset(config: PipelineConfig, cache_subset: bool = True):
+    """`build_dataset`, and the description of the subset kept (None without `max_examples`).
+
+    `cache_subset=False` builds a capped task's graph without the cache of its kept examples
+    (`CACHE_SUBSET_AT_MOST`), as t2t built it before 2026-11-30: iterator positions saved then
+    restore only into that graph (`InputPipeline.restore`)."""
     tf_setup.hide_accelerators_from_tensorflow()
     import tensorflow as tf
 
@@ -116,7 +126,7 @@ def build_dataset_and_subset(config: PipelineConfig):
         )
     subset = None
     if config.max_examples is not None:
-        dataset, subset = _capped(provider, lengths, converter, config)
+        dataset, subset = _capped(provider, lengths, converter, config, cache_subset)
     else:
         dataset = _full(provider, lengths, converter, config)
     options = tf.data.Options()
@@ -146,9 +156,9 @@ def _full(provider, lengths, converter, config: PipelineConfig):
     )
 
 
-def _capped(provider, lengths, converter, config: PipelineConfig):
-    """The task's split read in order, cut to the seed's subset, then sharded, shuffled,
-    repeated and converted as `seqio.get_dataset` would."""
+def _capped(provider, lengths, converter, config: PipelineConfig, cache: bool):
+    """The task's split read in order, cut to the seed's subset (held in memory when small and
+    `cache`), then sharded, shuffled, repeated and converted as `seqio.get_dataset` would."""
     if not isinstance(provider, seqio.Task):
         raise ValueError(
             f"max_train_examples caps a task, and {provider.name!r} is a mixture. Cap its "
@@ -165,6 +175,10 @@ def _capped(provider, lengths, converter, config: PipelineConfig):
         seed=seed,
     )
     dataset, subset = subsample.subsample(dataset, config.max_examples, seed)
+    if cache and subset["examples_kept"] <= CACHE_SUBSET_AT_MOST:
+        # The elements are those of a re-read: the preprocessors' random seeds restart with
+        # every epoch of the graph below (tests/test_subsample.py checks the batches equal).
+        dataset = dataset.cache()
     dataset = dataset.shard(config.num_shards, config.shard_index)
     if config.shuffle:
         dataset = dataset.shuffle(subset["examples_kept"], seed=seed, reshuffle_each_iteration=True)
@@ -231,4 +245,15 @@ class InputPipeline:
                 f"No data iterator state in {directory!r} (expected {prefix}.index, written by "
                 "InputPipeline.save). Restore from the directory given to save()."
             )
-        self._checkpoint.read(prefix).assert_consumed()
+        import tensorflow as tf
+
+        try:
+            self._checkpoint.read(prefix).assert_consumed()
+        except tf.errors.NotFoundError:
+            if self.config.max_examples is None:
+                raise
+            # A position saved before capped subsets were cached: the graph it was saved from.
+            self.dataset, self.subset = build_dataset_and_subset(self.config, cache_subset=False)
+            self._iterator = iter(self.dataset)
+            self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
+            self._checkpoint.read(prefix).assert_consumed()
