@@ -11,10 +11,13 @@ Run r of the grid trains in `<study_dir>/<arm>/seed<seed>/<task>/<stage>` (share
 `<study_dir>/<arm>/seed<seed>/<stage>`), as ordinary model directories; when its last stage
 ends, its score (the best evaluation's task score: the mean of the task's metrics) goes to
 `score.json` beside them. Rerunning the study skips scored runs and resumes the others where they
-stopped. `print_commands` lists every stage's `t2t train` command instead (shared ones once),
-for a cluster scheduler; `aggregate_only` reads whatever runs have scores. The aggregation
-(`t2t.studies.aggregate`) and its report (`t2t.studies.report`) go to `study.json`, `study.md`
-and `study.png` in the study directory.
+stopped. A study that outlives its machine continues on another from its `study.json` alone
+(copied into the study directory there): the runs it reports are skipped, except those of a
+unit of replication (a pretraining) it reports in part, which train again whole, so that every
+unit's runs start from one checkpoint. `print_commands` lists every stage's `t2t train` command
+instead (shared ones once), for a cluster scheduler; `aggregate_only` reads whatever runs have
+scores. The aggregation (`t2t.studies.aggregate`) and its report (`t2t.studies.report`) go to
+`study.json`, `study.md` and `study.png` in the study directory.
 """
 
 from __future__ import annotations
@@ -444,14 +447,14 @@ def _scores_and_units(grid, study_dir, aggregate_only, bindings, lengths, corpus
     """(arm, task, run) -> score of every cell (None where it has none), and arm -> run ->
     its unit of replication (`unit`)."""
     scores, units, common = {}, {}, common_stages([cell.arm for cell in grid])
-    reported = _reported_scores(study_dir) if aggregate_only else {}
+    reported = _reported_scores(study_dir)
     for cell in grid:
         run_id = restart_id(cell.seed, cell.pretraining)
         score = _read_score(study_dir, cell)
         if score is None and aggregate_only:  # runs launched one by one (print_commands)
             score = _score_of_commands(study_dir, cell, bindings, lengths, corpus)
-        if score is None:  # a committed study's report, its run directories not kept
-            score = reported.get((cell.arm["name"], cell.task, str(run_id)))
+        if score is None:  # a report's (a committed study, or one begun on another machine)
+            score = reported.get(_report_key(cell))
         scores[(cell.arm["name"], cell.task, run_id)] = score
         units.setdefault(cell.arm["name"], {})[run_id] = unit(
             cell.arm, cell.seed, cell.pretraining, common
@@ -476,6 +479,29 @@ def _reported_scores(study_dir: str) -> dict[tuple[str, str, str], float]:
             for run, score in (by_run or {}).items():
                 scores[(arm, task, run)] = score
     return scores
+
+
+def _report_key(cell: Cell) -> tuple[str, str, str]:
+    return (cell.arm["name"], cell.task, str(restart_id(cell.seed, cell.pretraining)))
+
+
+def _unscored(grid: Sequence[Cell], study_dir: str) -> list[Cell]:
+    """The cells left to train: those without a score.json, less those the study directory's
+    study.json reports, unless their unit (`unit`) has a cell with neither: a pretraining
+    reported in part (its machine stopped half-way) trains again for all its runs."""
+    reported = _reported_scores(study_dir)
+    common = common_stages([cell.arm for cell in grid])
+    local = [_read_score(study_dir, cell) is not None for cell in grid]
+    in_report = [_report_key(cell) in reported for cell in grid]
+    units = [
+        (cell.arm["name"], unit(cell.arm, cell.seed, cell.pretraining, common)) for cell in grid
+    ]
+    broken = {u for u, mine, theirs in zip(units, local, in_report) if not (mine or theirs)}
+    return [
+        cell
+        for cell, u, mine, theirs in zip(grid, units, local, in_report)
+        if not mine and (not theirs or u in broken)
+    ]
 
 
 def restart_id(seed: int, pretraining: int | None) -> int | str:
@@ -535,7 +561,7 @@ def _read_score(study_dir, cell: Cell) -> float | None:
 
 
 def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
-    todo = [cell for cell in grid if _read_score(study_dir, cell) is None]
+    todo = _unscored(grid, study_dir)
     done_before = len(grid) - len(todo)
     _validate(todo, study_dir, common, lengths, corpus, search_paths)
     expanded = [_expand(cell, study_dir, common, lengths, corpus) for cell in todo]
@@ -642,8 +668,7 @@ def _plan(grid, study_dir, common, lengths, corpus, search_paths, **options) -> 
             _run_dir(study_dir, cell),
             _expand(cell, study_dir, common, lengths, corpus),
         )
-        for cell in grid
-        if _read_score(study_dir, cell) is None
+        for cell in _unscored(grid, study_dir)
     ]
     return plan_lib.describe(grid, unscored, study_dir, search_paths, **options)
 

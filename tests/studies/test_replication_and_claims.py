@@ -218,3 +218,34 @@ def test_the_tally_corrects_over_every_studys_claims_and_leaves_out_null_studies
     assert [row["study"] for row in without_strong["claims"]] == ["weak", "weaker"]
     assert without_strong["not_counted"] == ["null", "pilot"]
     assert "- strong: rerun as weak" in claims.tally_markdown(without_strong)
+
+
+def test_a_study_continues_from_its_report_on_another_machine(tmp_path):
+    """study.json is all that is left of a machine: the runs it reports are not trained again,
+    except those of a pretraining it reports in part (all its runs train again, from one
+    checkpoint), and the aggregation takes the reported scores."""
+    import json
+
+    grid = [
+        runner.Cell(arm, "t", seed, pretraining)
+        for arm in (ARM, SCRATCH)
+        for pretraining in (0, 1)
+        for seed in (0, 1)
+    ]
+    report = {
+        "x": {"pretraining0/seed0": 60.0, "pretraining0/seed1": 61.0, "pretraining1/seed0": 40.0},
+        "scratch": {"pretraining0/seed0": 30.0, "pretraining1/seed1": 31.0},
+    }
+    arms = {arm: {"tasks": {"t": {"by_seed": runs}}} for arm, runs in report.items()}
+    (tmp_path / "study.json").write_text(json.dumps({"arms": arms}))
+    local = tmp_path / "scratch" / "pretraining0" / "seed1" / "t"
+    local.mkdir(parents=True)  # a run this machine scored
+    (local / runner.SCORE_FILE).write_text(json.dumps({"score": 33.0}))
+
+    left = [(c.arm["name"], c.pretraining, c.seed) for c in runner._unscored(grid, str(tmp_path))]
+    assert left == [("x", 1, 0), ("x", 1, 1), ("scratch", 1, 0)]
+    scores, units = runner._scores_and_units(grid, str(tmp_path), False, (), None, "builtin")
+    assert scores[("x", "t", "pretraining0/seed1")] == 61.0
+    assert scores[("scratch", "t", "pretraining0/seed1")] == 33.0  # its own score first
+    assert scores[("scratch", "t", "pretraining1/seed0")] is None
+    assert units["x"]["pretraining1/seed0"] == "pretraining1"
