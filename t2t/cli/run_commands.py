@@ -122,8 +122,8 @@ _STUDY_FLAGS = (
     (
         "--arms",
         dict(
-            type=_comma_list,
-            help="only these arms, comma-separated names (default: all the file's)",
+            help="only these arms, comma-separated names (default: all the file's); a name "
+            'with a comma in it is matched whole, e.g. --arms="32 examples (1,000 repeats)"',
         ),
     ),
     (
@@ -227,7 +227,13 @@ def _run_study(args) -> None:
     if args.pretrainings:
         overrides["pretrainings"] = args.pretrainings
     if args.arms:
-        overrides["only_arms"] = args.arms
+        import gin
+
+        try:
+            names = [arm["name"] for arm in gin.query_parameter("t2t.studies.run.arms")]
+        except (ValueError, KeyError, TypeError):  # no arms bound: run() says what is missing
+            names = []
+        overrides["only_arms"] = runner.split_arm_names(args.arms, names)
     if args.stage_gin:
         import gin
 

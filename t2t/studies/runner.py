@@ -428,6 +428,27 @@ def _claims_of(claimed: list[dict], arm_names: list[str], result: dict) -> list[
     return claims_lib.evaluate(chosen, result)
 
 
+def split_arm_names(text: str, names: Sequence[str]) -> list[str]:
+    """`--arms`' comma-separated names, a name that holds commas kept whole: at each place the
+    longest run of pieces that is an arm's name, else the piece alone (then named unknown).
+
+    Example: split_arm_names("full, 32 examples (1,000 repeats)", ["full", "32 examples (1,000
+    repeats)"]) == ["full", "32 examples (1,000 repeats)"]
+    """
+    pieces, chosen, start = text.split(","), [], 0
+    while start < len(pieces):
+        for end in range(len(pieces), start, -1):
+            candidate = ",".join(pieces[start:end]).strip()
+            if candidate in names:
+                break
+        else:
+            end, candidate = start + 1, pieces[start].strip()
+        if candidate:
+            chosen.append(candidate)
+        start = end
+    return chosen
+
+
 def _chosen_arms(
     arms: Sequence[Mapping[str, Any]], only_arms: Sequence[str]
 ) -> list[Mapping[str, Any]]:

@@ -249,3 +249,26 @@ def test_a_study_continues_from_its_report_on_another_machine(tmp_path):
     assert scores[("scratch", "t", "pretraining0/seed1")] == 33.0  # its own score first
     assert scores[("scratch", "t", "pretraining1/seed0")] is None
     assert units["x"]["pretraining1/seed0"] == "pretraining1"
+
+
+def test_arm_names_with_commas_are_chosen_whole(tmp_path, capsys):
+    names = ["full", "32 examples (1,000 repeats)", "a,b", "a"]
+    split = runner.split_arm_names
+    assert split("full, 32 examples (1,000 repeats)", names) == names[:2]
+    assert split("a,b", names) == ["a,b"]  # the longest name that matches
+    assert split("a, full,", names) == ["a", "full"]
+    assert split("full,nope", names) == ["full", "nope"]  # the runner names it unknown
+    study = tmp_path / "commas.gin"
+    study.write_text(
+        "include 'studies/profiles/builtin_tiny.gin'\n"
+        't2t.studies.run.tasks = ["builtin_order"]\n'
+        "t2t.studies.run.arms = [\n"
+        '  {"name": "1,000 steps", "stages": [{"name": "scratch", "gin_files": [%SCRATCH]}]},\n'
+        '  {"name": "b", "stages": [{"name": "scratch", "gin_files": [%SCRATCH]}]}]\n'
+    )
+    from t2t import cli
+
+    argv = ["study", f"--gin_file={study}", f"--study_dir={tmp_path / 's'}", "--print_commands"]
+    assert cli.main([*argv, "--seeds=0", "--arms=1,000 steps"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("t2t ")]
+    assert len(commands) == 1 and "/1_000_steps/" in commands[0]
