@@ -506,23 +506,50 @@ def _report_key(cell: Cell) -> tuple[str, str, str]:
     return (cell.arm["name"], cell.task, str(restart_id(cell.seed, cell.pretraining)))
 
 
-def _unscored(grid: Sequence[Cell], study_dir: str) -> list[Cell]:
-    """The cells left to train: those without a score.json, less those the study directory's
-    study.json reports, unless their unit (`unit`) has a cell with neither: a pretraining
-    reported in part (its machine stopped half-way) trains again for all its runs."""
+def _unscored(grid: Sequence[Cell], study_dir: str) -> tuple[list[Cell], list[tuple[Cell, float]]]:
+    """The cells left to train, and the scores the study directory's study.json reports of the
+    others that have no score.json: those are not trained again, unless their unit (`unit`) has
+    a cell with neither (a pretraining reported in part, its machine stopped half-way), which
+    trains again for all its runs."""
     reported = _reported_scores(study_dir)
     common = common_stages([cell.arm for cell in grid])
     local = [_read_score(study_dir, cell) is not None for cell in grid]
-    in_report = [_report_key(cell) in reported for cell in grid]
+    theirs = [reported.get(_report_key(cell)) for cell in grid]
     units = [
         (cell.arm["name"], unit(cell.arm, cell.seed, cell.pretraining, common)) for cell in grid
     ]
-    broken = {u for u, mine, theirs in zip(units, local, in_report) if not (mine or theirs)}
-    return [
-        cell
-        for cell, u, mine, theirs in zip(grid, units, local, in_report)
-        if not mine and (not theirs or u in broken)
-    ]
+    broken = {u for u, mine, score in zip(units, local, theirs) if not mine and score is None}
+    todo, carried = [], []
+    for cell, u, mine, score in zip(grid, units, local, theirs, strict=True):
+        if mine:
+            continue
+        if score is None or u in broken:
+            todo.append(cell)
+        else:
+            carried.append((cell, score))
+    return todo, carried
+
+
+def _carry(carried: Sequence[tuple[Cell, float]], study_dir: str) -> None:
+    """Writes each reported score as its run's score.json (marked as carried): a later
+    report of part of the grid (`only_arms`, some pretrainings) may replace study.json."""
+    for cell, score in carried:
+        record = _score_record(cell, score, model_dir=None)
+        record["carried_from"] = files.join(study_dir, "study.json")
+        files.makedirs(_run_dir(study_dir, cell))
+        files.write_text(files.join(_run_dir(study_dir, cell), SCORE_FILE), json.dumps(record))
+
+
+def _score_record(cell: Cell, score: float | None, model_dir: str | None) -> dict[str, Any]:
+    return {
+        "arm": cell.arm["name"],
+        "task": cell.task,
+        "seed": cell.seed,
+        "pretraining": cell.pretraining,
+        "run_seed": run_seed(cell.seed, cell.pretraining),
+        "score": score,
+        "model_dir": model_dir,
+    }
 
 
 def restart_id(seed: int, pretraining: int | None) -> int | str:
@@ -582,7 +609,8 @@ def _read_score(study_dir, cell: Cell) -> float | None:
 
 
 def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
-    todo = _unscored(grid, study_dir)
+    todo, carried = _unscored(grid, study_dir)
+    _carry(carried, study_dir)
     done_before = len(grid) - len(todo)
     _validate(todo, study_dir, common, lengths, corpus, search_paths)
     expanded = [_expand(cell, study_dir, common, lengths, corpus) for cell in todo]
@@ -604,15 +632,7 @@ def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
                 score = _evaluate(stages[-1].directory, task, directory, lengths)
             else:
                 score = run_score(stages[-1].directory, task)
-            record = {
-                "arm": arm["name"],
-                "task": task,
-                "seed": seed,
-                "pretraining": cell.pretraining,
-                "run_seed": run_seed(seed, cell.pretraining),
-                "score": score,
-                "model_dir": stages[-1].directory,
-            }
+            record = _score_record(cell, score, stages[-1].directory)
             files.write_text(files.join(directory, SCORE_FILE), json.dumps(record, indent=1))
     stopped = watch.stopped()
     print(
@@ -689,7 +709,7 @@ def _plan(grid, study_dir, common, lengths, corpus, search_paths, **options) -> 
             _run_dir(study_dir, cell),
             _expand(cell, study_dir, common, lengths, corpus),
         )
-        for cell in _unscored(grid, study_dir)
+        for cell in _unscored(grid, study_dir)[0]
     ]
     return plan_lib.describe(grid, unscored, study_dir, search_paths, **options)
 

@@ -242,8 +242,22 @@ def test_a_study_continues_from_its_report_on_another_machine(tmp_path):
     local.mkdir(parents=True)  # a run this machine scored
     (local / runner.SCORE_FILE).write_text(json.dumps({"score": 33.0}))
 
-    left = [(c.arm["name"], c.pretraining, c.seed) for c in runner._unscored(grid, str(tmp_path))]
-    assert left == [("x", 1, 0), ("x", 1, 1), ("scratch", 1, 0)]
+    todo, carried = runner._unscored(grid, str(tmp_path))
+    assert [(c.arm["name"], c.pretraining, c.seed) for c in todo] == [
+        ("x", 1, 0),
+        ("x", 1, 1),
+        ("scratch", 1, 0),
+    ]
+    assert [(c.arm["name"], c.pretraining, c.seed, score) for c, score in carried] == [
+        ("x", 0, 0, 60.0),
+        ("x", 0, 1, 61.0),
+        ("scratch", 0, 0, 30.0),
+        ("scratch", 1, 1, 31.0),
+    ]
+    # Carried into score.json files, they outlive a report of part of the grid.
+    runner._carry(carried, str(tmp_path))
+    (tmp_path / "study.json").write_text(json.dumps({"arms": {}}))
+    assert [c.seed for c in runner._unscored(grid, str(tmp_path))[0]] == [0, 1, 0]
     scores, units = runner._scores_and_units(grid, str(tmp_path), False, (), None, "builtin")
     assert scores[("x", "t", "pretraining0/seed1")] == 61.0
     assert scores[("scratch", "t", "pretraining0/seed1")] == 33.0  # its own score first
