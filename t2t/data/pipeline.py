@@ -178,7 +178,7 @@ def _capped(provider, lengths, converter, config: PipelineConfig, cache: bool):
     dataset, subset = subsample.subsample(dataset, config.max_examples, seed)
     if cache and subset["examples_kept"] <= CACHE_SUBSET_AT_MOST:
         # The elements are those of a re-read: the preprocessors' random seeds restart with
-        # every epoch of the graph below (tests/test_subsample.py checks the batches equal).
+        # every epoch of the graph below (tests/data/test_subsample.py checks the batches equal).
         dataset = dataset.cache()
     dataset = dataset.shard(config.num_shards, config.shard_index)
     if config.shuffle:
