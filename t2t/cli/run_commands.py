@@ -166,6 +166,17 @@ _STUDY_FLAGS = (
         dict(action="store_true", help="train nothing; aggregate the runs that have results"),
     ),
     (
+        "--reuse",
+        dict(
+            type=_comma_list,
+            default=[],
+            metavar="DIR[,DIR]",
+            help="other studies' directories: a finished run there that repeats one of this "
+            "study's (the same commands, code up to comments, environment) is taken instead of "
+            "trained, its score.json naming it",
+        ),
+    ),
+    (
         "--stage_gin",
         dict(
             action="append",
@@ -226,6 +237,8 @@ def _run_study(args) -> None:
         overrides["seeds"] = args.seeds
     if args.pretrainings:
         overrides["pretrainings"] = args.pretrainings
+    if args.reuse:
+        overrides["reuse"] = args.reuse
     if args.arms:
         import gin
 

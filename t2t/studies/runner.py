@@ -38,8 +38,9 @@ from t2t.errors import UserError
 from t2t.studies import aggregate, baselines, report
 from t2t.studies import claims as claims_lib
 from t2t.studies import plan as plan_lib
+from t2t.studies import reuse as reuse_lib
+from t2t.studies.reuse import SCORE_FILE
 
-SCORE_FILE = "score.json"
 BASELINES_FILE = "baselines.json"
 # Evaluation keys the trainer's teacher-forced pass adds; the rest are the task's metrics.
 _TEACHER_FORCED = ("loss", "z_loss", "token_accuracy", "target_tokens")
@@ -330,6 +331,7 @@ def run(
     plan_timing: Sequence[str] = (),
     search_paths: Sequence[str] = (),
     only_arms: Sequence[str] = (),
+    reuse: Sequence[str] = (),
 ) -> dict[str, Any] | None:
     """Runs the grid (or prints it), then aggregates; see the module docstring.
 
@@ -363,6 +365,9 @@ def run(
       search_paths: extra gin search paths.
       only_arms: run and aggregate only these arms (names), in the file's order; the baseline
         arm is the first of them unless `baseline_arm` names another.
+      reuse: study directories whose finished runs are taken where they repeat one of this
+        study's, instead of training it (`t2t.studies.reuse`: same commands, code and
+        environment).
 
     Returns:
       The aggregation written to study.json.
@@ -393,11 +398,12 @@ def run(
                 plan_arms=plan_arms,
                 plan_timing=plan_timing,
                 claims=[c["claim"] for c in claimed or []],
+                reuse=reuse,
             )
         )
         return None
     if not aggregate_only:
-        _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths)
+        _train(grid, study_dir, bindings, task_feature_lengths, corpus, search_paths, reuse)
     scores, units = _scores_and_units(
         grid, study_dir, aggregate_only, bindings, task_feature_lengths, corpus
     )
@@ -584,16 +590,19 @@ def _expand(cell: Cell, study_dir, common, lengths, corpus) -> list[chain.Stage]
 
 def _score_of_commands(study_dir, cell, bindings, lengths, corpus) -> float | None:
     """The score of a run whose printed commands were run by hand (no score.json)."""
-    task = cell.task
     if _evaluates(cell.arm):
-        path = files.join(_run_dir(study_dir, cell), "eval.json")
-        if not files.exists(path):
-            return None
-        (metrics,) = json.loads(files.read_text(path))["steps"].values()
-        values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
-        return baselines.task_score(values) if values else None
+        return _eval_file_score(files.join(_run_dir(study_dir, cell), "eval.json"), cell.task)
     last = _expand(cell, study_dir, bindings, lengths, corpus)[-1]
-    return run_score(last.directory, task)
+    return run_score(last.directory, cell.task)
+
+
+def _eval_file_score(path: str, task: str) -> float | None:
+    """The task score of an `evaluate` stage's eval.json (None without one)."""
+    if not files.exists(path):
+        return None
+    (metrics,) = json.loads(files.read_text(path))["steps"].values()
+    values = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{task}/")}
+    return baselines.task_score(values) if values else None
 
 
 def _run_dir(study_dir: str, cell: Cell) -> str:
@@ -608,9 +617,15 @@ def _read_score(study_dir, cell: Cell) -> float | None:
     return json.loads(files.read_text(path))["score"]
 
 
-def _train(grid, study_dir, common, lengths, corpus, search_paths) -> None:
+def _train(grid, study_dir, common, lengths, corpus, search_paths, reuse=()) -> None:
     todo, carried = _unscored(grid, study_dir)
     _carry(carried, study_dir)
+    todo, found = _reusable(todo, study_dir, common, lengths, corpus, search_paths, reuse)
+    for cell, hit in found:
+        record = _score_record(cell, hit.score, hit.model_dir)
+        record.update(reused_from=hit.run_dir, reused_commit=hit.commit)
+        files.makedirs(_run_dir(study_dir, cell))
+        files.write_text(files.join(_run_dir(study_dir, cell), SCORE_FILE), json.dumps(record))
     done_before = len(grid) - len(todo)
     _validate(todo, study_dir, common, lengths, corpus, search_paths)
     expanded = [_expand(cell, study_dir, common, lengths, corpus) for cell in todo]
@@ -701,15 +716,60 @@ def _eval_command(model_dir: str, task: str, run_dir: str) -> str:
     )
 
 
-def _plan(grid, study_dir, common, lengths, corpus, search_paths, **options) -> str:
+def _reusable(todo, study_dir, common, lengths, corpus, search_paths, sources):
+    """The cells of `todo` left to train, and those a run under `sources` repeats, with it
+    (`t2t.studies.reuse`) and its score computed again from its evaluations; prints how many
+    were found, and why others that matched by their commands were not taken."""
+    if not sources or not todo:
+        return list(todo), []
+    wanted = [
+        [
+            record
+            for _, _, record in chain.validate(
+                _run_dir(study_dir, cell),
+                _expand(cell, study_dir, common, lengths, corpus),
+                search_paths=search_paths,
+            )
+        ]
+        for cell in todo
+    ]
+    hits, refused = reuse_lib.find(wanted, sources)
+    left, found = [], []
+    for cell, hit in zip(todo, hits, strict=True):
+        score = None if hit is None else _reused_score(cell, hit)
+        if score is None:  # nothing repeats it, or its evaluations are gone
+            left.append(cell)
+        else:
+            found.append((cell, hit._replace(score=score)))
+    print(
+        f"study: {len(found)} of {len(todo)} runs left found trained in {', '.join(sources)}"
+        " (the same commands, code and environment); reused",
+        flush=True,
+    )
+    for reason, count in sorted(refused.items()):
+        print(f"study: {count} with the same commands not reused: {reason}", flush=True)
+    return left, found
+
+
+def _reused_score(cell: Cell, hit: reuse_lib.Found) -> float | None:
+    """A reused run's score as this checkout's code computes it, from its evaluations."""
+    if _evaluates(cell.arm):
+        return _eval_file_score(files.join(hit.run_dir, "eval.json"), cell.task)
+    return run_score(hit.model_dir, cell.task)
+
+
+def _plan(grid, study_dir, common, lengths, corpus, search_paths, reuse=(), **options) -> str:
     """What `t2t study --plan` prints (`t2t.studies.plan`)."""
+    left, _ = _reusable(
+        _unscored(grid, study_dir)[0], study_dir, common, lengths, corpus, search_paths, reuse
+    )
     unscored = [
         (
             (cell.arm["name"], cell.task),
             _run_dir(study_dir, cell),
             _expand(cell, study_dir, common, lengths, corpus),
         )
-        for cell in _unscored(grid, study_dir)[0]
+        for cell in left
     ]
     return plan_lib.describe(grid, unscored, study_dir, search_paths, **options)
 
