@@ -55,7 +55,13 @@ ENVIRONMENT_KEYS = (
     "cpu_threads",
 )
 # The code a run trains with (module docstring), as git pathspecs.
-CODE_PATHS = ("t2t", "gin", ":(exclude)t2t/studies", ":(exclude)t2t/cli", ":(exclude)gin/studies")
+CODE_PATHS = (
+    ":(top)t2t",
+    ":(top)gin",
+    ":(top,exclude)t2t/studies",
+    ":(top,exclude)t2t/cli",
+    ":(top,exclude)gin/studies",
+)
 _DIRECTORY_FLAGS = ("--gin.MODEL_DIR=", "--gin.INIT_CHECKPOINT=")
 
 
@@ -117,7 +123,7 @@ def find(
       (reason -> how many).
     """
     here = dict(here or provenance.describe())
-    repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = repo or checkout()
     candidates = _index(sources)
     checks = _Checks(here, repo)
     found, refused = [], {}
@@ -133,15 +139,23 @@ def find(
     return found, refused
 
 
+def checkout() -> str:
+    """The directory holding this t2t's package directory (its git checkout, when it is one)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def code_differences(commit_a: str, commit_b: str, repo: str) -> list[str]:
     """The files under `CODE_PATHS` whose code differs between two commits, comments and
     docstrings aside.
 
     Raises:
-      subprocess.CalledProcessError: a commit `repo` does not have.
+      subprocess.CalledProcessError: a commit `repo` does not have, or one without a `t2t/`
+        directory (not this project's).
     """
     if commit_a == commit_b:
         return []
+    for commit in (commit_a, commit_b):  # else an empty diff would say "the same code"
+        _git(repo, "cat-file", "-e", f"{commit}:t2t")
     changed = _git(repo, "diff", "--name-only", commit_a, commit_b, "--", *CODE_PATHS)
     names = changed.decode().splitlines()
     return [n for n in names if _meaning(repo, commit_a, n) != _meaning(repo, commit_b, n)]

@@ -14,10 +14,12 @@ ends, its score (the best evaluation's task score: the mean of the task's metric
 stopped. A study that outlives its machine continues on another from its `study.json` alone
 (copied into the study directory there): the runs it reports are skipped, except those of a
 unit of replication (a pretraining) it reports in part, which train again whole, so that every
-unit's runs start from one checkpoint. `print_commands` lists every stage's `t2t train` command
-instead (shared ones once), for a cluster scheduler; `aggregate_only` reads whatever runs have
-scores. The aggregation (`t2t.studies.aggregate`) and its report (`t2t.studies.report`) go to
-`study.json`, `study.md` and `study.png` in the study directory.
+unit's runs start from one checkpoint. With `reuse`, a run another study trained with the same
+commands, code and environment is taken instead of trained (`t2t.studies.reuse`).
+`print_commands` lists every stage's `t2t train` command instead (shared ones once), for a
+cluster scheduler; `aggregate_only` reads whatever runs have scores. The aggregation
+(`t2t.studies.aggregate`) and its report (`t2t.studies.report`) go to `study.json`, `study.md`
+and `study.png` in the study directory.
 """
 
 from __future__ import annotations

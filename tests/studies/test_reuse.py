@@ -56,9 +56,9 @@ def _write_run(where, relative, records, score, starts):
         (stage / "environment.json").write_text(json.dumps({"starts": starts}))
 
 
-def _git(repo, *args):
+def _git(repo, *args, input=None):
     return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, input=input
     ).stdout.strip()
 
 
@@ -99,8 +99,24 @@ def test_code_differs_only_where_it_runs_differently(repo):
     assert reuse.code_differences(changed, rebound, str(repo)) == ["gin/x.gin"]
     added = _commit(repo, "t2t/b.py", "B = 1\n")
     assert reuse.code_differences(rebound, added, str(repo)) == ["t2t/b.py"]
+    # Asked from inside the checkout, the paths are still the checkout's.
+    assert reuse.code_differences(first, added, str(repo / "t2t")) == [
+        "gin/x.gin",
+        "t2t/a.py",
+        "t2t/b.py",
+    ]
     with pytest.raises(subprocess.CalledProcessError):
         reuse.code_differences(first, "f" * 40, str(repo))
+    tree = _git(repo, "mktree", input="")
+    empty = _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree", tree, "-m", "x")
+    with pytest.raises(subprocess.CalledProcessError):  # no t2t/: not a diff of this project
+        reuse.code_differences(first, empty, str(repo))
+
+
+def test_the_default_checkout_is_the_one_holding_this_package():
+    import os
+
+    assert os.path.isfile(os.path.join(reuse.checkout(), "t2t", "studies", "reuse.py"))
 
 
 def test_a_run_is_taken_only_with_the_same_commands_code_and_environment(tmp_path, repo):
