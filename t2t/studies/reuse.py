@@ -141,7 +141,8 @@ def find(
 
 def checkout() -> str:
     """The directory holding this t2t's package directory (its git checkout, when it is one)."""
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package = os.path.abspath(__file__)  # local path: this module's own file
+    return os.path.dirname(os.path.dirname(os.path.dirname(package)))
 
 
 def code_differences(commit_a: str, commit_b: str, repo: str) -> list[str]:
