@@ -3,8 +3,9 @@
 A study is arms x tasks x seeds (x pretrainings). An arm is a chain of stages (`t2t.chain.Stage`
 fields as dicts; a one-stage arm is a plain fine-tuning run). The last stage of every arm trains and evaluates
 the task: the study binds its MIXTURE_OR_TASK and EVAL_TASKS, and the seed of every stage. A
-stage whose bindings or files mention `{task}` is made per task; any other (a pretraining stage)
-is shared by the arm's tasks for a seed and trained once. Placeholders `{task}` and `{seed}` are
+stage whose bindings mention `{task}` is made per task (with `"share": "seeds"`, once per task
+for all its restarts: leave-one-out pretraining); any other (a pretraining stage) is shared by
+the arm's tasks for a seed and trained once. Placeholders `{task}` and `{seed}` are
 filled in every binding.
 
 Run r of the grid trains in `<study_dir>/<arm>/seed<seed>/<task>/<stage>` (shared stages in
@@ -124,7 +125,8 @@ def expand(
     and seed bound; with `pretraining` p, restart `seed` of the p-th pretraining (module
     docstring).
 
-    A stage is per task when it is the last or mentions `{task}`; otherwise it is trained once
+    A stage is per task when it is the last or mentions `{task}` (then `"share": "seeds"` trains
+    it once per task and pretraining, shared by the task's restarts); otherwise it is trained once
     per seed for the arm, or, with `"share": "study"`, once per seed for every arm that has a
     stage of that name (a common pretraining). `"share": "seeds"` trains it once for the arm
     and `"share": "all"` once for the study, both with seed 0, so that restarts vary only what
@@ -149,11 +151,17 @@ def expand(
 
         own = _flatten(spec.get("bindings", ()))
         per_task = last or any("{task}" in b for b in own)
-        share = None if per_task else spec.get("share")
+        share = None if last else spec.get("share")
         if share not in SHARES:
             raise ValueError(
                 f"Arm {arm['name']!r}, stage {spec['name']!r}: share {share!r}; "
                 f"expected one of {SHARES[1:]} or none."
+            )
+        if per_task and share not in (None, "seeds"):
+            raise ValueError(
+                f"Arm {arm['name']!r}, stage {spec['name']!r} is made per task (it mentions "
+                f"{{task}}) with share {share!r}: a stage per task can be shared only by its "
+                f'restarts ("share": "seeds") or not at all.'
             )
         stage_seed = (pretraining or 0) if share in ("seeds", "all") else seed
         bindings = [fill(b, stage_seed) for b in [*own, *_flatten(common)]]
@@ -166,7 +174,7 @@ def expand(
                 gin_files=[fill(f) for f in _flatten(spec["gin_files"])],
                 bindings=bindings,
                 select=spec.get("select", "last"),
-                directory=where.stage(spec["name"], "task" if per_task else share),
+                directory=where.stage(spec["name"], share, per_task),
             )
         )
     return stages
@@ -215,11 +223,13 @@ class _Places(NamedTuple):
     restart: int
     task: str
 
-    def stage(self, name: str, share: str | None) -> str:
-        """`share`: "task" (the run's own), None (the arm's restart), "seeds", "study", "all"."""
+    def stage(self, name: str, share: str | None, per_task: bool = False) -> str:
+        """`share`: None (the arm's restart), "seeds", "study", "all"; a stage `per_task`
+        is the run's own, or with "seeds" its task's, shared by the task's restarts."""
         restart = f"seed{self.restart}"
-        if share == "task":
-            return files.join(self.study_dir, self.arm, self.replica, restart, self.task, name)
+        if per_task:
+            own = [] if share == "seeds" else [restart]
+            return files.join(self.study_dir, self.arm, self.replica, *own, self.task, name)
         if share == "study":
             return files.join(self.study_dir, "shared", self.replica, restart, name)
         if share == "seeds":

@@ -52,6 +52,29 @@ def test_a_replicated_arm_pretrains_once_per_pretraining_and_fine_tunes_each_res
     assert plain[0].bindings[-1] == "t2t.runs.train.seed = 0"
 
 
+def test_a_stage_per_task_shared_by_restarts_trains_once_per_task_and_pretraining():
+    # Leave-one-out: each task's pretraining leaves that task out, and is fine-tuned m times.
+    arm = {"name": "loo", "stages": [
+        {"name": "mt", "gin_files": ["p.gin"], "bindings": ["M = 'without_{task}'"], "share": "seeds"},
+        {"name": "finetune", "gin_files": ["f.gin"]},
+    ]}  # fmt: skip
+    first = {
+        (t, p, s): runner.expand(arm, t, s, "/s", (), None, pretraining=p)[0]
+        for t in "ab" for p in (0, 1) for s in (0, 1)
+    }  # fmt: skip
+    for (t, p, s), stage in first.items():
+        assert stage.directory == f"/s/loo/pretraining{p}/{t}/mt"
+        assert list(stage.bindings) == [f"M = 'without_{t}'", f"t2t.runs.train.seed = {p}"]
+    assert runner.unit(arm, 1, 1) == "pretraining1"
+    unshared = dict(arm, stages=[dict(arm["stages"][0], share=None), arm["stages"][1]])
+    assert runner.expand(unshared, "a", 1, "/s", (), None, pretraining=1)[0].directory == (
+        "/s/loo/pretraining1/seed1/a/mt"
+    )
+    with pytest.raises(ValueError, match="shared only by its restarts"):
+        everyone = dict(arm, stages=[dict(arm["stages"][0], share="all"), arm["stages"][1]])
+        runner.expand(everyone, "a", 0, "/s", (), None)
+
+
 def test_the_unit_of_replication_is_the_pretraining_or_the_run_itself():
     assert runner.unit(ARM, 1, 2) == runner.unit(ARM, 0, 2) == "pretraining2"
     assert runner.unit(ARM, 1, None) == runner.unit(ARM, 0, None) == "pretraining0"
