@@ -75,13 +75,18 @@ def run_seed(seed: int, pretraining: int | None) -> int:
 def unit(
     arm: Mapping[str, Any], seed: int, pretraining: int | None, common: Sequence[str] = ()
 ) -> str:
-    """The unit of replication a run belongs to: its pretraining when the arm has its own
-    stage shared across restarts (`"share": "seeds"`, or `"all"` unless that stage is
-    `common`: one every arm of the study has, trained once for all of them, which every
-    comparison holds fixed), else the run itself."""
+    """The unit of replication a run belongs to: its pretraining when the arm has a stage
+    shared across restarts (`"share": "seeds"`, or `"all"`), else the run itself. One
+    exception: a `common` stage (every arm of the study has it) trained once for the whole
+    study, without replicated pretrainings (`pretraining` None), is one checkpoint that every
+    comparison holds fixed, so its restarts are the units (the comparison is of that
+    checkpoint's fine-tunings); replicated, its pretrainings are the units, as elsewhere."""
     own = any(
         stage.get("share") == "seeds"
-        or (stage.get("share") == "all" and stage.get("name") not in common)
+        or (
+            stage.get("share") == "all"
+            and (stage.get("name") not in common or pretraining is not None)
+        )
         for stage in arm["stages"][:-1]
     )
     if own:

@@ -80,9 +80,11 @@ def test_the_unit_of_replication_is_the_pretraining_or_the_run_itself():
     assert runner.unit(ARM, 1, None) == runner.unit(ARM, 0, None) == "pretraining0"
     assert runner.unit(SCRATCH, 1, 2) == "pretraining2/seed1"  # every run trains for itself
     assert runner.unit(SCRATCH, 1, None) == "seed1"
-    # A pretraining every arm starts from (share "all" in each) is held fixed by every
-    # comparison: the fine-tuning methods' case, where each restart is a unit. A stage "all"
-    # that only some arms have (STILTs' intermediate task) is those arms' treatment: one unit.
+    # One pretraining every arm starts from (share "all" in each, not replicated) is held fixed
+    # by every comparison: each restart is a unit. Replicated (the fine-tuning methods' study,
+    # each of 3 pretrainings shared by every arm), the pretrainings are the units, each arm's
+    # restarts of one averaged. A stage "all" that only some arms have (STILTs' intermediate
+    # task) is those arms' treatment: one unit.
     common = {"name": "pretrain", "gin_files": ["p.gin"], "share": "all"}
     method = {"name": "m", "stages": [common, {"name": "finetune", "gin_files": ["f.gin"]}]}
     middle = {"name": "intermediate", "gin_files": ["i.gin"], "share": "all"}
@@ -91,6 +93,8 @@ def test_the_unit_of_replication_is_the_pretraining_or_the_run_itself():
     assert runner.unit(method, 3, None, ["pretrain"]) == "seed3"
     assert runner.unit(stilts, 3, None, ["pretrain"]) == "pretraining0"
     assert runner.unit(method, 3, None) == "pretraining0"  # alone, its pretraining is its own
+    assert runner.unit(method, 1, 2, ["pretrain"]) == runner.unit(method, 0, 2, ["pretrain"])
+    assert runner.unit(method, 1, 2, ["pretrain"]) == "pretraining2"
 
 
 def test_print_commands_lists_k_pretrainings_and_k_x_m_fine_tunings(tmp_path, capsys):
