@@ -118,6 +118,7 @@ def counts(tested: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 # A study directory holding this file (a line saying what replaced it) is not counted.
 SUPERSEDED_FILE = "SUPERSEDED"
+CLAIMS_FILE = "CLAIMS.md"
 
 
 def tally(
@@ -232,19 +233,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("results", help="a directory of study directories (each with study.json)")
     args = parser.parse_args(argv)
-    studies, superseded = {}, {}
-    for name in sorted(files.listdir(args.results)):
-        path = files.join(args.results, name, "study.json")
-        if files.exists(path):
-            studies[name] = json.loads(files.read_text(path))
-            marker = files.join(args.results, name, SUPERSEDED_FILE)
-            if files.exists(marker):
-                superseded[name] = " ".join(files.read_text(marker).split())
-    result = tally(studies, superseded)
+    result = read(args.results)
     text = tally_markdown(result)
-    files.write_text(files.join(args.results, "CLAIMS.md"), text)
+    files.write_text(files.join(args.results, CLAIMS_FILE), text)
     print(text)
     return result
+
+
+def read(results: str) -> dict[str, Any]:
+    """The tally over every `study.json` one level under `results` (a directory marked
+    `SUPERSEDED` is listed with its reason and not counted)."""
+    studies, superseded = {}, {}
+    for name in sorted(files.listdir(results)):
+        path = files.join(results, name, "study.json")
+        if files.exists(path):
+            studies[name] = json.loads(files.read_text(path))
+            marker = files.join(results, name, SUPERSEDED_FILE)
+            if files.exists(marker):
+                superseded[name] = " ".join(files.read_text(marker).split())
+    return tally(studies, superseded)
 
 
 if __name__ == "__main__":
