@@ -97,8 +97,11 @@ def t5_small_pair(seed: int = 0):
     return torch_model, models.EncoderDecoderModel(t2t_config), params
 
 
-def tiny_training(inputs: int, targets: int, batch: int = 32, seed: int = 0):
-    """The tiny preset (vocabulary 2,048) as the studies pretrain it, float32: its model, the
+def tiny_training(
+    inputs: int, targets: int, batch: int = 32, seed: int = 0, dtype: str = "float32"
+):
+    """The tiny preset (vocabulary 2,048) as the studies pretrain it, float32 (or the compute
+    `dtype` given; the parameters stay float32): its model, the
     optimizer (Adafactor, inverse square root schedule), the training step as `t2t.trainer` runs
     it (`EncoderDecoderModel.loss_fn` -> `t2t.optim.accumulate_gradients` -> Adafactor; not
     jitted) and a batch of random tokens, two examples packed per row of `inputs` and `targets`
@@ -114,7 +117,7 @@ def tiny_training(inputs: int, targets: int, batch: int = 32, seed: int = 0):
     from t2t import models, optim
     from t2t.nn import presets
 
-    config = presets.get_preset("tiny", vocab_size=2048)
+    config = presets.get_preset("tiny", vocab_size=2048, dtype=dtype)
     model = models.EncoderDecoderModel(config, loss_normalizing_factor="num_real_target_tokens")
     tx = optim.adafactor(optim.inverse_sqrt())
 
