@@ -15,6 +15,10 @@ apart without guessing. What goes in:
   loss and then differs in the seventh digit, which training carries on (two fine-tunings of the
   built-in benchmark that differed only so ended 1.3 accuracy points apart). Rerun on as many
   cores to reproduce a CPU run bit for bit;
+- `cpu`: the processor's model and its vector and matrix instruction sets (from
+  /proc/cpuinfo). XLA compiles a CPU program for the host's instructions, so the same command on
+  another processor may round differently; the CPU is recorded from 2026-11-30 (a run's record
+  from before says nothing about it);
 - the environment variables that change compilation, numerics or speed (`XLA_FLAGS`, `JAX_*`,
   `LIBTPU_INIT_ARGS`, `TPU_*`, `T2T_*`, `GLIBC_TUNABLES`), the host name, the start time and
   step.
@@ -57,6 +61,7 @@ def describe() -> dict[str, Any]:
         "local_devices": jax.local_device_count(),
         "processes": jax.process_count(),
         "cpu_threads": _cpu_threads(),
+        "cpu": cpu(),
         "host": socket.gethostname(),
         "variables": {
             name: value
@@ -103,6 +108,29 @@ def _cpu_threads() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+# The instruction-set flags of /proc/cpuinfo that change what XLA's CPU code computes with.
+ISA_PREFIXES = ("sse4", "avx", "amx", "fma", "f16c")
+
+
+def cpu(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """{"model", "isa"}: the first processor's model name and its vector and matrix instruction
+    sets, sorted; the machine's architecture and no sets where there is no /proc/cpuinfo."""
+    try:
+        with open(cpuinfo) as f:  # local path: the kernel's
+            text = f.read()
+    except OSError:
+        return {"model": platform.processor() or platform.machine(), "isa": []}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    model = fields.get("model name") or fields.get("Model") or platform.machine()
+    flags = fields.get("flags") or fields.get("Features") or ""
+    return {"model": model, "isa": sorted(f for f in flags.split() if f.startswith(ISA_PREFIXES))}
 
 
 def _git_commit(directory: str) -> dict[str, Any]:

@@ -68,3 +68,21 @@ def test_only_the_variables_that_change_compilation_are_kept(monkeypatch):
     assert described["variables"]["T2T_CACHE_DIR"] == "/c"
     assert "AWS_SECRET_ACCESS_KEY" not in json.dumps(described)
     assert described["cpu_threads"] == len(os.sched_getaffinity(0))
+
+
+def test_the_processor_and_its_vector_instructions_are_recorded(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+        "flags\t\t: fpu sse2 sse4_1 sse4_2 fma avx2 avx512f avx512_bf16 amx_bf16 aes\n\n"
+        "processor\t: 1\nmodel name\t: Another One\nflags\t\t: fpu sse2\n"
+    )
+    assert provenance.cpu(str(cpuinfo)) == {
+        "model": "Intel(R) Xeon(R) Processor",  # the first processor's
+        "isa": ["amx_bf16", "avx2", "avx512_bf16", "avx512f", "fma", "sse4_1", "sse4_2"],
+    }
+    missing = provenance.cpu(str(tmp_path / "none"))
+    assert missing["isa"] == [] and missing["model"]
+    if os.path.exists("/proc/cpuinfo"):  # this machine's, as every run records it
+        assert provenance.describe()["cpu"] == provenance.cpu()
+        assert provenance.cpu()["model"]

@@ -18,8 +18,10 @@ stage by stage:
   the runner scores the reused run again with this checkout's code; neither commit has
   uncommitted changes;
 - every start of the stage (a resumed stage has several) ran in this process's environment:
-  Python, the libraries `t2t.provenance` records, the devices, processes and CPU cores, and the
-  environment variables it records that do not name a cache.
+  Python, the libraries `t2t.provenance` records, the devices, processes, CPU cores and the
+  processor (its model and instruction sets; a record from before t2t kept it, 2026-11-30, says
+  nothing of it and is not refused for it), and the environment variables it records that do
+  not name a cache.
 
 A reused run's `score.json` names where it came from (`reused_from`, `reused_commit`). Runs whose
 commands match but not their code or environment are counted with the reason, and trained.
@@ -53,6 +55,7 @@ ENVIRONMENT_KEYS = (
     "devices",
     "processes",
     "cpu_threads",
+    "cpu",
 )
 # The code a run trains with (module docstring), as git pathspecs.
 CODE_PATHS = (
@@ -228,8 +231,12 @@ class _Checks:
         if not starts:
             return "a stage without environment.json", None
         for start in starts:
-            if environment(start) != self.here:
-                return "another environment (libraries, devices, cores or variables)", None
+            here = self.here if start.get("cpu") else {**self.here, "cpu": None}
+            if environment(start) != here:
+                return (
+                    "another environment (libraries, devices, cores, processor or variables)",
+                    None,
+                )
             code = start.get("t2t") or {}
             if not code.get("commit") or code.get("dirty") is not False:
                 return "trained from uncommitted code", None

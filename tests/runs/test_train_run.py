@@ -80,6 +80,7 @@ def test_demo_loss_falls_well_below_its_start(tmp_path, capsys):
     starts = provenance.read(str(tmp_path))
     assert [start["step"] for start in starts] == [0, 40]
     assert starts[0]["cpu_threads"] == len(os.sched_getaffinity(0))
+    assert starts[0]["cpu"] == provenance.cpu()  # the processor XLA compiled for
     assert starts[0]["packages"]["jax"] == jax.__version__
     assert starts[0]["t2t"]["commit"] == _head_commit()
 

@@ -21,6 +21,7 @@ HERE = {
     "local_devices": 1,
     "processes": 1,
     "cpu_threads": 1,
+    "cpu": {"model": "Intel(R) Xeon(R) Processor", "isa": ["amx_bf16", "avx2", "avx512f"]},
     "host": "vm",
     "variables": {"JAX_COMPILATION_CACHE_DIR": "/here/cache", "XLA_FLAGS": ""},
 }
@@ -138,15 +139,25 @@ def test_a_run_is_taken_only_with_the_same_commands_code_and_environment(tmp_pat
     }
     source = tmp_path / "moved"
     runs = {}
-    for pretraining, commit, cores in [(0, first, 1), (1, other_code, 1), (2, first, 2)]:
+    epyc = {"model": "AMD EPYC", "isa": ["avx2", "avx512f"]}
+    for pretraining, commit, cores, cpu in [
+        (0, first, 1, here["cpu"]),
+        (1, other_code, 1, here["cpu"]),
+        (2, first, 2, here["cpu"]),
+        (3, first, 1, epyc),  # another processor
+        (4, first, 1, None),  # recorded before t2t kept the processor: not refused for it
+    ]:
         records = _records(arm, "builtin_order", 0, pretraining, "runs/old")
         start = {**here, "t2t": {**here["t2t"], "commit": commit}, "cpu_threads": cores}
+        start["cpu"] = cpu
+        if cpu is None:
+            del start["cpu"]
         start["variables"] = {"JAX_COMPILATION_CACHE_DIR": "/there/cache", "XLA_FLAGS": ""}
         _write_run(source, "runs/old", records, 50.0 + pretraining, [start])
         runs[pretraining] = records
     # This study's arm of another name, in another directory: the same commands.
     twin = {**arm, "name": "b"}
-    wanted = [_records(twin, "builtin_order", 0, p, str(tmp_path / "new")) for p in (0, 1, 2)]
+    wanted = [_records(twin, "builtin_order", 0, p, str(tmp_path / "new")) for p in range(5)]
     other_seed = _records(twin, "builtin_order", 1, 0, str(tmp_path / "new"))
     found, refused = reuse.find([*wanted, other_seed], [str(source)], here, str(repo))
 
@@ -156,10 +167,12 @@ def test_a_run_is_taken_only_with_the_same_commands_code_and_environment(tmp_pat
         model_dir=str(source / "a" / "pretraining0" / "seed0" / "builtin_order" / "finetune"),
         commit=first,
     )
-    assert found[1:] == [None, None, None]  # other code; 2 cores; another fine-tuning seed
+    # other code; 2 cores; another processor; (4: taken); another fine-tuning seed
+    assert found[1:4] == [None, None, None] and found[5] is None
+    assert found[4].score == 54.0
     assert refused == {
         f"code differs from commit {other_code[:7]}: t2t/a.py": 1,
-        "another environment (libraries, devices, cores or variables)": 1,
+        "another environment (libraries, devices, cores, processor or variables)": 2,
     }
     # A stage resumed once from uncommitted code is not taken, nor is anything when this
     # checkout has uncommitted changes.
