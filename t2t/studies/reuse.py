@@ -13,10 +13,11 @@ stage by stage:
 - the code that trains is the same: the run's commit is this checkout's, or differs from it only
   in comments and docstrings (Python files compared as syntax trees without docstrings, gin
   files without comment and blank lines) under `t2t/` and `gin/`, leaving out the study runner,
-  the command line and the study files: a run's command holds all a study file sets, what the
-  command line sets that can change numbers is an environment variable (compared below), and
-  the runner scores the reused run again with this checkout's code; neither commit has
-  uncommitted changes;
+  the command line, the provenance record (`t2t.provenance`) and the study files: a run's
+  command holds all a study file sets, what the command line sets that can change numbers is an
+  environment variable (compared below), what the record keeps computes nothing, and the runner
+  scores the reused run again with this checkout's code; neither commit has uncommitted
+  changes;
 - every start of the stage (a resumed stage has several) ran in this process's environment:
   Python, the libraries `t2t.provenance` records, the devices, processes, CPU cores and the
   processor (its model and instruction sets; a record from before t2t kept it, 2026-11-30, says
@@ -63,6 +64,7 @@ CODE_PATHS = (
     ":(top)gin",
     ":(top,exclude)t2t/studies",
     ":(top,exclude)t2t/cli",
+    ":(top,exclude)t2t/provenance.py",  # what a run records of its machine, not what it computes
     ":(top,exclude)gin/studies",
 )
 _DIRECTORY_FLAGS = ("--gin.MODEL_DIR=", "--gin.INIT_CHECKPOINT=")
