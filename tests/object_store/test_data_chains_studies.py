@@ -3,6 +3,7 @@ there that reads back as the task itself; the C4 pipeline reads WET files from a
 shards to the bucket, two Beam worker processes writing what one process writes; a micro study
 keeps every stage, chain record and report in the bucket."""
 
+import collections
 import importlib.util
 import json
 import os
@@ -66,9 +67,20 @@ def test_a_seqio_cache_written_to_the_bucket_reads_back_as_the_task(
     task._cache_dir = None  # seqio memoizes the lookup
     try:
         cached, fresh = examples(True), examples(False)
+        read_from = task.cache_dir  # the directory seqio found the cache in
     finally:
         task._cache_dir = None
-    assert cached == fresh and len(cached) > 10
+    if cached != fresh:  # say how they differ (once seen in a full suite run, never alone)
+        only_cached = collections.Counter(cached) - collections.Counter(fresh)
+        only_fresh = collections.Counter(fresh) - collections.Counter(cached)
+        pytest.fail(
+            f"{len(cached)} cached examples (read from {read_from}, global cache dirs "
+            f"{seqio.get_global_cache_dirs()}) against {len(fresh)} from the task: "
+            f"{sum(only_cached.values())} only in the cache, {sum(only_fresh.values())} only "
+            f"in the task; {cache_dir}/builtin_package holds "
+            f"{sorted(listing(f'{cache_dir}/builtin_package'))}"
+        )
+    assert len(cached) > 10
     assert os.listdir(clean_dir) == []
 
 
