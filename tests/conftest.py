@@ -120,7 +120,7 @@ def _default_vocabulary_back_to_the_environment():
 
 # Seconds each test file took in the last recorded run on 2 cores (setup, call and teardown of
 # its tests), written by `make test-durations` (`--record-durations=tests/durations.json`), not
-# by hand. Collecting the longest files first lets `-n 3 --dist loadfile` start them early, so
+# by hand. Collecting the longest files first lets `-n 4 --dist loadfile` start them early, so
 # the workers finish close together instead of one running a long file alone at the end.
 _DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 
