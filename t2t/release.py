@@ -93,6 +93,28 @@ def export(
     return output_dir
 
 
+def write_hf_directory(
+    output_dir: str,
+    config: TransformerConfig,
+    params: dict,
+    *,
+    vocabulary_file: str | None = None,
+    extra_ids: int = 100,
+) -> str:
+    """The HF files of a network and its parameters (no model card): `config.json`,
+    `model.safetensors`, `generation_config.json` and, given a SentencePiece model, the
+    tokenizer's files. What `t2t convert --to hf` writes for a checkpoint of another framework.
+    """
+    _check_architecture(config)
+    hf.export_hf(output_dir, config, params)
+    _write_generation_config(output_dir)
+    if vocabulary_file is not None:
+        pieces = _piece_names(vocabulary_file)
+        _write_tokenizer(output_dir, vocabulary_file, extra_ids, pieces, {})
+    _uniform_modes(output_dir)
+    return output_dir
+
+
 def _release_vocabulary(directory, step: int, config, vocabulary_file: str | None):
     """(file, sentinels, piece names) of the released vocabulary: `vocabulary_file` or the
     checkpoint's, refused when it has more ids than the model's embedding rows."""

@@ -33,6 +33,7 @@ _FEED_FORWARD = {
     "relu": ("relu",),
     "gated-gelu": ("gelu", "linear"),
     "gated-relu": ("relu", "linear"),
+    "gated-silu": ("silu", "linear"),
 }
 _SUPPORTED_MODEL_TYPES = ("t5", "mt5")
 # Copies of `shared.weight` that some HF files carry; accepted on import when equal to it.
@@ -186,7 +187,9 @@ def hf_config_from_config(config: TransformerConfig) -> dict:
         "num_decoder_layers": config.num_decoder_layers,
         "feed_forward_proj": projection,
         "is_gated_act": len(config.mlp_activations) == 2,
-        "dense_act_fn": {"relu": "relu", "gelu": "gelu_new"}[config.mlp_activations[0]],
+        "dense_act_fn": {"relu": "relu", "gelu": "gelu_new", "silu": "silu"}[
+            config.mlp_activations[0]
+        ],
         "tie_word_embeddings": config.logits_via_embedding,
         "scale_decoder_outputs": config.logits_via_embedding,
         "dropout_rate": config.dropout_rate,

@@ -3,7 +3,7 @@
 Each subcommand is a function `add_<name>(subparsers)` that declares its flags and binds `handler`,
 a small function that imports the module doing the work (so `t2t --help` stays fast) and calls
 it: `data_commands` (vocab, cache), `run_commands` (train, chain, study, compile, check),
-`decode_commands` (eval, infer, export, average), with the shared gin flags in `gin_flags`. To
+`decode_commands` (eval, infer, export, convert, average), with the shared gin flags in `gin_flags`. To
 add a subcommand, write such a function and list it in SUBCOMMANDS.
 """
 
@@ -28,6 +28,7 @@ SUBCOMMANDS = [
     decode_commands.add_eval,
     decode_commands.add_infer,
     decode_commands.add_export,
+    decode_commands.add_convert,
     decode_commands.add_average,
     run_commands.add_compile,
     run_commands.add_check,

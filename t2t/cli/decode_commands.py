@@ -1,4 +1,4 @@
-"""`t2t eval`, `t2t infer`, `t2t export` and `t2t average`: subcommands whose flags override the
+"""`t2t eval`, `t2t infer`, `t2t export`, `t2t convert` and `t2t average`: subcommands whose flags override the
 gin bindings of one run function (`t2t.runs`); the decoding flags become one `DecodingConfig`."""
 
 from __future__ import annotations
@@ -258,6 +258,39 @@ def add_export(subparsers) -> None:
         "T5ForConditionalGeneration.from_pretrained and T5Tokenizer.from_pretrained.",
     )
     add_run_flags(parser, "export", _EXPORT_FLAGS)
+
+
+_CONVERT_FLAGS = (
+    (
+        "source",
+        dict(
+            help="the checkpoint: a t2t model directory, a HF T5 directory, a T5X "
+            "checkpoint (legacy or Orbax) or a Mesh TensorFlow checkpoint"
+        ),
+    ),
+    ("destination", dict(help="the new directory to write")),
+    ("--to", dict(choices=("t2t", "hf", "t5x"), required=True, help="the format to write")),
+    ("--step", dict(type=int, help="which checkpoint of a model directory (default: the newest)")),
+    (
+        "--dtype",
+        dict(choices=("float32", "bfloat16"), help="parameters' dtype (default: as stored)"),
+    ),
+    (
+        "--vocabulary_file",
+        dict(help="the SentencePiece model to carry (t2t and hf; default: the source's own)"),
+    ),
+)
+
+
+def add_convert(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a checkpoint between t2t, HF, T5X and Mesh TensorFlow formats",
+        description="Read a checkpoint in any format t2t reads (detected from its files) and "
+        "write it as a t2t model directory, a HF T5 directory or a legacy T5X checkpoint "
+        "(with Adafactor slots, which T5X's fine-tuning restores).",
+    )
+    add_run_flags(parser, "convert", _CONVERT_FLAGS)
 
 
 _AVERAGE_FLAGS = (

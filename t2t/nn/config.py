@@ -15,9 +15,9 @@ ARCHITECTURES = ("encoder_decoder", "encoder_decoder_shared", "decoder_only", "p
 DECODER_ONLY_ARCHITECTURES = ("decoder_only", "prefix_lm")
 
 # Supported MLP activation tuples. One name: `wo(act(wi(x)))`. Two names: a gated unit
-# `wo(act0(wi_0(x)) * act1(wi_1(x)))` (T5 v1.1 uses ("gelu", "linear")). "gelu" is the tanh
-# approximation, as in T5X and HF's "gelu_new".
-MLP_ACTIVATIONS = (("relu",), ("gelu", "linear"), ("relu", "linear"))
+# `wo(act0(wi_0(x)) * act1(wi_1(x)))` (T5 v1.1 uses ("gelu", "linear"), UL2 ("silu",
+# "linear")). "gelu" is the tanh approximation, as in T5X and HF's "gelu_new".
+MLP_ACTIVATIONS = (("relu",), ("gelu", "linear"), ("relu", "linear"), ("silu", "linear"))
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 # What the backward pass keeps of each layer's forward pass (`t2t.nn.stacking.REMAT_POLICIES`).
@@ -45,7 +45,7 @@ class TransformerConfig:
       num_encoder_layers: encoder depth; 0 for the decoder-only architectures.
       num_decoder_layers: decoder depth (for decoder-only models, the whole depth).
       mlp_activations: ("relu",) for T5 v1.0, ("gelu", "linear") for v1.1's gated GELU,
-        ("relu", "linear") for a gated ReLU.
+        ("relu", "linear") for a gated ReLU, ("silu", "linear") for UL2's gated SiLU.
       logits_via_embedding: True: logits are the decoder output scaled by d_model**-0.5 times the
         transposed token embedding (v1.0). False: a separate `logits_dense` kernel (v1.1).
       dropout_rate: dropout probability at every place T5 applies it (0.1 for v1.0 fine-tuning,

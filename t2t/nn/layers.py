@@ -343,6 +343,7 @@ _ACTIVATIONS = {
     "relu": jax.nn.relu,
     # NOTE: T5 v1.1's GELU is the tanh approximation (HF calls it "gelu_new").
     "gelu": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,  # x * sigmoid(x), UL2's (T5X's "swish")
     "linear": lambda x: x,
 }
 

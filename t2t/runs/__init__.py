@@ -33,7 +33,7 @@ and one module per group of run functions (`train_run`, `decode_runs`, `checkpoi
 `compile_run`). Importing the package registers everything with gin.
 """
 
-from t2t.runs.checkpoint_runs import average, export
+from t2t.runs.checkpoint_runs import average, convert, export
 from t2t.runs.compile_run import compile_train
 from t2t.runs.decode_runs import evaluate, infer, seqio_evaluator
 from t2t.runs.externals import EXTERNALS, checkpoint_model_config
@@ -46,6 +46,7 @@ __all__ = [
     "average",
     "checkpoint_model_config",
     "compile_train",
+    "convert",
     "configure",
     "default_search_paths",
     "evaluate",

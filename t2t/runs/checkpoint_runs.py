@@ -63,3 +63,44 @@ def average(
     )
     print(f"averaged steps {averaged.steps} of {model_dir} into {path}")
     return path
+
+
+@gin.configurable(module="t2t.runs")
+def convert(
+    source: str | None = None,
+    destination: str | None = None,
+    *,
+    to: str | None = None,
+    step: int | None = None,
+    dtype: str | None = None,
+    vocabulary_file: str | None = None,
+) -> str:
+    """Writes a checkpoint of any format t2t reads in another (see `t2t.conversion`)."""
+    from t2t import conversion
+    from t2t.data import vocab
+
+    source = require(source, "SOURCE", "convert.source")
+    destination = require(destination, "DESTINATION", "convert.destination")
+    refuse_overwriting_inputs(
+        {"DESTINATION": destination}, {"SOURCE": source, "--vocabulary_file": vocabulary_file}
+    )
+    if vocabulary_file is not None:
+        vocab.check_model_file(vocabulary_file)
+    written = [0]
+
+    def progress(name: str) -> None:
+        written[0] += 1
+        if written[0] % 50 == 0:
+            print(f"  {written[0]} arrays written ({name})", flush=True)
+
+    path = conversion.convert(
+        source,
+        destination,
+        require(to, "--to", "convert.to"),
+        step=step,
+        dtype=dtype,
+        vocabulary_file=vocabulary_file,
+        on_array=progress,
+    )
+    print(f"wrote the {to} checkpoint {path}")
+    return path

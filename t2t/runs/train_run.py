@@ -69,6 +69,7 @@ def train(
     sharding_mode: str = "tensor_parallel",
     seed: int = 0,
     init_checkpoint: str | None = None,
+    init_optimizer_state: bool = False,
     finetuning: FineTuning | None = None,
     check_attention: bool = True,
 ) -> dict[str, Any]:
@@ -98,7 +99,11 @@ def train(
       mesh_shape: (data, model) mesh sizes, one may be -1.
       sharding_mode: `data_parallel`, `tensor_parallel` or `fsdp`.
       seed: seeds initialization, dropout, the data order and the data subset.
-      init_checkpoint: HF T5 directory or t2t model directory to start from.
+      init_checkpoint: where the first parameters come from: a HF T5 directory, a t2t model
+        directory, or a released T5X, T5X-on-Orbax or Mesh TensorFlow checkpoint.
+      init_optimizer_state: also take `init_checkpoint`'s Adafactor statistics and step (a
+        released T5X or Mesh TensorFlow checkpoint), to continue its pretraining; the
+        default starts the optimizer afresh at step 0.
       finetuning: what trains and how (`@t2t.finetuning.FineTuning()`; the files in
         gin/finetuning/ bind it for each method).
       check_attention: before training, run each attention site that this platform puts on a
@@ -142,6 +147,7 @@ def train(
             evaluation=evaluation,
             loop=loop,
             init_checkpoint=init_checkpoint,
+            init_optimizer_state=init_optimizer_state,
             finetuning=finetuning,
             eval_data={
                 k: batches.eval_batches(c, evaluation.steps) for k, c in eval_configs.items()

@@ -17,6 +17,7 @@ from flax import nnx
 
 from t2t import files, hosts
 from t2t import nn as t2t_nn
+from t2t.checkpoints import released
 from t2t.checkpoints.manager import (
     DAMAGED_SUBDIR,
     CheckpointManager,
@@ -26,7 +27,7 @@ from t2t.errors import UserError
 from t2t.finetuning import FineTuning, depths_of_config
 from t2t.nn.config import TransformerConfig
 from t2t.partitioning import Partitioner
-from t2t.trainer import monitors
+from t2t.trainer import monitors, optimizer_state, sources
 from t2t.trainer.sources import load_params
 
 # How to train from step 0 on purpose in a directory whose checkpoints are all damaged.
@@ -86,6 +87,7 @@ def init_or_restore(
     *,
     train_data: Iterator | None = None,
     init_checkpoint: str | None = None,
+    init_optimizer_state: bool = False,
     finetuning: FineTuning | None = None,
     seed: int = 0,
     start_over: bool = False,
@@ -107,6 +109,8 @@ def init_or_restore(
       train_data: the run's input pipeline; restored to its saved position when it has
         `save` and `restore` (an `InputPipeline`).
       init_checkpoint: where the first parameters come from when the directory has none.
+      init_optimizer_state: take `init_checkpoint`'s Adafactor slots and step as well (a
+        released checkpoint: `optimizer_state.import_slots`).
       finetuning: the fine-tuning method (its re-initialized groups and prompt init).
       seed: seeds the random initialization.
       start_over: train from step 0 although the directory once held checkpoints that are
@@ -128,7 +132,30 @@ def init_or_restore(
     params, origin = _first_params(
         config, abstract_params, partitioner, init_checkpoint, finetuning, seed
     )
-    return TrainState(params, partitioner.init_optimizer(tx, params), origin=origin)
+    opt_state = partitioner.init_optimizer(tx, params)
+    if not init_optimizer_state:
+        return TrainState(params, opt_state, origin=origin)
+    opened = _released_source(init_checkpoint)
+    with partitioner.context():
+        opt_state = optimizer_state.import_slots(opt_state, opened)
+    return TrainState(
+        params, opt_state, step=opened.step, origin={**origin, "optimizer_state": True}
+    )
+
+
+def _released_source(init_checkpoint: str | None) -> released.Released:
+    """The released checkpoint whose optimizer state a run continues."""
+    if init_checkpoint is None:
+        raise UserError("init_optimizer_state = True needs an init_checkpoint to take it from.")
+    path, step = sources.resolve(init_checkpoint)
+    kind = sources.checkpoint_kind(path)
+    if kind not in released.FORMATS:
+        raise UserError(
+            f"init_optimizer_state takes a released checkpoint's Adafactor state (T5X, T5X on "
+            f"Orbax, Mesh TensorFlow); {init_checkpoint} is a {kind} checkpoint, whose "
+            "optimizer state t2t does not import. Leave init_optimizer_state unset."
+        )
+    return released.open_checkpoint(path, step)
 
 
 def _first_params(

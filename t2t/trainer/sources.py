@@ -1,15 +1,17 @@
 """Where a run's first parameters come from when its model directory has no checkpoint: a HF
-T5 directory (`config.json` + `model.safetensors`, imported with `t2t.checkpoints.hf`) or the
-checkpoint of another t2t run (its model directory, optionally `DIR@STEP`, `DIR@last` or
-`DIR@best:METRIC`; parameters only). Whatever the source, the parameters land directly in the
-shards the run's partitioner gives them, and a source whose network differs from the run's
-configuration is refused with the fields that differ.
+T5 directory (`config.json` + `model.safetensors`, imported with `t2t.checkpoints.hf`), a
+checkpoint Google or another framework released (T5X, T5X on Orbax, Mesh TensorFlow:
+`t2t.checkpoints.released`), or the checkpoint of another t2t run (its model directory,
+optionally `DIR@STEP`, `DIR@last` or `DIR@best:METRIC`; parameters only). Whatever the source,
+the parameters land directly in the shards the run's partitioner gives them, and a source whose
+network differs from the run's configuration is refused with the fields that differ.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ from flax import nnx
 
 from t2t import files
 from t2t import nn as t2t_nn
-from t2t.checkpoints import hf
+from t2t.checkpoints import hf, released, stored
 from t2t.checkpoints.manager import CHECKPOINTS_SUBDIR, CheckpointManager, config_from_metadata
 from t2t.nn.config import TransformerConfig
 
@@ -41,10 +43,11 @@ _FREE_FIELDS = (
 
 
 def checkpoint_kind(path: str) -> str:
-    """ "hf" for a HF T5 directory, "t2t" for a t2t model directory (or its checkpoints/).
+    """ "hf" for a HF T5 directory, "t2t" for a t2t model directory (or its checkpoints/), or
+    the format of a released checkpoint (`released.FORMATS`: "t5x", "t5x_orbax", "mtf").
 
     Raises:
-      FileNotFoundError: when `path` is neither.
+      FileNotFoundError: when `path` is none of them.
     """
     if files.exists(files.join(path, hf.CONFIG_FILE)) and (
         files.exists(files.join(path, hf.WEIGHTS_FILE))
@@ -53,11 +56,16 @@ def checkpoint_kind(path: str) -> str:
         return HF
     if files.isdir(files.join(path, CHECKPOINTS_SUBDIR)):
         return T2T
+    kind = released.detect(path)
+    if kind is not None:
+        return kind
     found = files.listdir(path) if files.isdir(path) else "no such directory"
     raise FileNotFoundError(
         f"Cannot start from {path!r} (it holds: {found}). Expected a HF T5 directory "
-        f"({hf.CONFIG_FILE} + {hf.WEIGHTS_FILE}) or a t2t model directory (with "
-        f"{CHECKPOINTS_SUBDIR}/)."
+        f"({hf.CONFIG_FILE} + {hf.WEIGHTS_FILE}), a t2t model directory (with "
+        f"{CHECKPOINTS_SUBDIR}/), a T5X checkpoint (a checkpoint_<step>/ folder holding a "
+        "msgpack `checkpoint` or an Orbax `state/`, or the directory of such folders) or a "
+        "Mesh TensorFlow checkpoint (model.ckpt-<step>.index and its .data-* shards)."
     )
 
 
@@ -120,10 +128,15 @@ def source_config(path: str, **overrides) -> TransformerConfig:
     """The network configuration of a HF directory or a t2t run (a `resolve` spec), with
     `overrides` applied."""
     path, step = resolve(path)
-    if checkpoint_kind(path) == HF:
+    kind = checkpoint_kind(path)
+    if kind == HF:
         return hf.config_from_hf(
             json.loads(files.read_text(files.join(path, hf.CONFIG_FILE))), **overrides
         )
+    if kind in released.FORMATS:
+        opened = released.open_checkpoint(path, step, **overrides)
+        logging.info("%s", opened.describe())
+        return opened.config
     manager = CheckpointManager(_model_dir(path), read_only=True)
     return config_from_metadata(manager.read_metadata(step)).replace(**overrides)
 
@@ -133,20 +146,27 @@ _ADDITION_FIELDS = ("adapter_size", "lora_rank", "lora_alpha", "lora_targets", "
 
 
 def check_compatible(
-    source: TransformerConfig, config: TransformerConfig, what: str, *, reinit: bool = False
+    source: TransformerConfig,
+    config: TransformerConfig,
+    what: str,
+    *,
+    reinit: bool = False,
+    assumed: Sequence[str] = (),
 ) -> None:
     """Raises ValueError when `source` and `config` describe different networks.
 
     Dropout, dtypes and the layer layout may differ (fine-tuning changes them), and the run may
     add adapters, LoRA or a soft prompt the source lacks. With `reinit` (some parameters start
     afresh) any field may differ: every parameter that is loaded is checked by shape instead.
+    `assumed` names fields the source does not record (a released checkpoint's activation, say),
+    which the run decides.
     """
     if reinit:
         return
     differ = [
         f"{f.name}: checkpoint {getattr(source, f.name)!r}, run {getattr(config, f.name)!r}"
         for f in dataclasses.fields(TransformerConfig)
-        if f.name not in _FREE_FIELDS + _ADDITION_FIELDS
+        if f.name not in (*_FREE_FIELDS, *_ADDITION_FIELDS, *assumed)
         and getattr(source, f.name) != getattr(config, f.name)
     ]
     dropped = sorted(set(source.additions) - {"lora_rank"} - set(config.additions))
@@ -198,13 +218,34 @@ def load_params(
     reinit = list(reinit)
     path, spec_step = resolve(path)
     step = spec_step if step is None else step
-    if checkpoint_kind(path) == HF:
+    kind = checkpoint_kind(path)
+    if kind == HF:
         source, state = hf.import_hf(path, scan_layers=config.scan_layers)
         description: dict[str, Any] = {"kind": HF, "path": files.absolute(path)}
         check_compatible(source, config, f"HF checkpoint {path}", reinit=bool(reinit))
         if not (reinit or config.additions):
             return _place(nnx.to_pure_dict(state), abstract_params), description
         values = nnx.to_pure_dict(state)
+    elif kind in released.FORMATS:
+        opened = released.open_checkpoint(path, step)
+        if jax.process_index() == 0:
+            print(f"Starting from {opened.describe()}", flush=True)
+        what = f"the {kind} checkpoint {opened.path}"
+        # The shapes are checked parameter by parameter below (naming the first that differs);
+        # here only what the checkpoint records and no shape shows.
+        unchecked = (*opened.assumed, *released.SHAPE_FIELDS)
+        check_compatible(opened.config, config, what, reinit=bool(reinit), assumed=unchecked)
+        source = opened.config
+        description = {"kind": kind, "path": files.absolute(opened.path), "step": opened.step}
+        plain = config.replace(scan_layers=False, adapter_size=0, lora_rank=0, prompt_length=0)
+        arrays = stored.match(
+            opened.params, hf.abstract_state(plain if not reinit else source), what
+        )
+        if config.scan_layers:
+            arrays = stored.stack_layers(arrays)
+        if not (reinit or config.additions):
+            return stored.place(arrays, abstract_params), description
+        values = stored.read_values(arrays)
     else:
         source, values, loaded_step = _restore_t2t(
             path, step, config, abstract_params, partitioner, bool(reinit)

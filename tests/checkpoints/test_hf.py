@@ -146,8 +146,12 @@ def test_imported_config(saved_hf):
     assert config.dropout_rate == 0.0
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied_relu", "untied_gated_gelu"])
-def test_export_loads_in_hf_with_the_same_logits(tied, batch, tmp_path):
+@pytest.mark.parametrize(
+    "tied, activations",
+    [(True, ("relu",)), (False, ("gelu", "linear")), (False, ("silu", "linear"))],
+    ids=["tied_relu", "untied_gated_gelu", "untied_gated_silu"],
+)
+def test_export_loads_in_hf_with_the_same_logits(tied, activations, batch, tmp_path):
     config = tn.get_preset(
         "tiny",
         vocab_size=VOCAB,
@@ -156,7 +160,7 @@ def test_export_loads_in_hf_with_the_same_logits(tied, batch, tmp_path):
         d_ff=48,
         num_decoder_layers=3,
         logits_via_embedding=tied,
-        mlp_activations=("relu",) if tied else ("gelu", "linear"),
+        mlp_activations=activations,
     )
     state = random_state(config)
     ours = nnx.merge(nnx.split(nnx.eval_shape(lambda: tn.build(config, nnx.Rngs(0))))[0], state)

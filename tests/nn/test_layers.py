@@ -36,7 +36,9 @@ def test_gated_gelu_is_the_tanh_approximation():
     np.testing.assert_allclose(mlp(jnp.asarray(x)), (gelu * (x @ wi_1)) @ wo, atol=1e-5)
 
 
-@pytest.mark.parametrize("activations", [("gelu", "linear"), ("relu", "linear")])
+@pytest.mark.parametrize(
+    "activations", [("gelu", "linear"), ("relu", "linear"), ("silu", "linear")]
+)
 def test_gated_activations_backward_equals_autodiff(activations):
     """`layers.gated` keeps only its inputs for the backward pass; its gradients are autodiff's
     of the same formula, and it keeps fewer arrays (the activation is recomputed)."""
