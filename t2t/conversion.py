@@ -239,9 +239,11 @@ def t5x_slots(slots: dict[str, stored.StoredArray], shape: tuple[int, ...]) -> d
 def _to_hf(source: Source, destination: str, source_path: str, vocabulary, step) -> str:
     from t2t import release
 
-    if source.kind == T2T:
+    if source.kind == T2T and vocabulary is not None:  # the release, with its model card
         return release.export(source_path, destination, step=step, vocabulary_file=vocabulary)
-    pure = stored.read_values(source.params)
+    # NOTE: float32, an exact upcast of bfloat16 masters: safetensors' numpy reader (and many
+    # HF users' loaders) have no bfloat16.
+    pure = jax.tree.map(lambda x: x.astype(np.float32), stored.read_values(source.params))
     release.write_hf_directory(destination, source.config, pure, vocabulary_file=vocabulary)
     return destination
 

@@ -246,3 +246,77 @@ def test_the_format_is_told_from_the_files(tmp_path):
     assert released.detect(str(tmp_path)) is None
     assert t5x.chunk_shape((32128, 4096), 4) == [4016, 4096]
     assert t5x.chunk_shape((32, 48), 2) == [32, 48]
+
+
+# -- the optimizer state -------------------------------------------------------------------------
+
+
+def _gradient(k: int, shape) -> np.ndarray:
+    """The k-th parameter's gradient of data/t5x_next_step.npz (README.md there)."""
+    n = int(np.prod(shape))
+    return (
+        (0.01 * np.sin(1.7 * np.arange(n, dtype=np.float64) + k)).astype(np.float32).reshape(shape)
+    )
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unscanned", "scanned"])
+def test_one_step_after_importing_t5xs_state_is_t5xs_own_next_step(scan):
+    import optax
+
+    from t2t import optim
+    from t2t.trainer import optimizer_state
+
+    opened = released.open_checkpoint(fixture("t5x_legacy_tensorstore"))
+    config = opened.config.replace(scan_layers=scan)
+    arrays = stored.match(opened.params, abstract_state(opened.config), opened.path)
+    gradients = {
+        path: stored.in_memory("/".join(path), _gradient(k, arrays[path].shape))
+        for k, path in enumerate(sorted(arrays))
+    }
+    if scan:
+        arrays, gradients = stored.stack_layers(arrays), stored.stack_layers(gradients)
+    params = stored.place(arrays, on_device(config))
+    grads = stored.place(gradients, on_device(config))
+    tx = optim.adafactor(0.01, min_dim_size_to_factor=32)  # as the fixture was trained
+    state = optimizer_state.import_slots(tx.init(params), opened)
+    counts = [
+        leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+        if "count" in jax.tree_util.keystr(path)
+    ]
+    assert counts and all(int(np.max(c)) == 2 for c in counts)
+    updates, _ = tx.update(grads, state, params)
+    new = nnx.to_pure_dict(optax.apply_updates(params, updates))
+    golden = np.load(os.path.join(os.path.dirname(__file__), "data", "t5x_next_step.npz"))
+    assert int(golden["step"]) == 3
+    compared = 0
+    for key in golden.files:
+        if not key.startswith("param/"):
+            continue
+        path = key[len("param/") :].split("/")
+        layer = int(path[1][len("layers_") :]) if scan and path[1].startswith("layers_") else None
+        node = new
+        for name in [path[0], "layers", *path[2:]] if layer is not None else path:
+            node = node[name]
+        value = np.asarray(node)[layer] if layer is not None else np.asarray(node)
+        np.testing.assert_allclose(value, golden[key], rtol=1e-6, atol=1e-8)
+        compared += 1
+    assert compared == 5
+
+
+def test_a_state_t2t_cannot_continue_is_refused(tmp_path):
+    from t2t import optim
+    from t2t.trainer import optimizer_state
+
+    opened = released.open_checkpoint(fixture("t5x_legacy_tensorstore"))
+    params = stored.place(
+        stored.match(opened.params, on_device(opened.config), opened.path), on_device(opened.config)
+    )
+    with pytest.raises(
+        ValueError, match=r"factors this parameter differently.*min_dim_size_to_factor"
+    ):
+        optimizer_state.import_slots(optim.adafactor(0.01).init(params), opened)  # 128: unfactored
+    import optax
+
+    with pytest.raises(ValueError, match=r"needs the run's optimizer to be Adafactor"):
+        optimizer_state.import_slots(optax.adamw(1e-3).init(params), opened)
