@@ -357,7 +357,7 @@ def _write_zarr(ts, folder: str, name: str, array: np.ndarray) -> dict:
         "metadata": metadata,
         "store_data_equal_to_fill_value": True,  # every chunk on disk: a missing one is damage
     }
-    store = ts.open(spec, create=True, delete_existing=True, context=_context()).result()
+    store = ts.open(spec, create=True, context=_context()).result()  # a fresh staging folder
     store.write(array).result()
     return {
         "driver": "zarr",

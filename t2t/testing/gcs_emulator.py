@@ -167,12 +167,46 @@ def _corrected_emulator():
         {"GET": _storage_layout},
     )
     server.HANDLERS = (layout,) + tuple(
-        (pattern, {method: corrections.wrap(h) for method, h in handlers.items()})
+        (
+            pattern,
+            {method: corrections.wrap(_offsets(h, objects)) for method, h in handlers.items()},
+        )
         for pattern, handlers in server.HANDLERS
     )
     objects.insert = corrections.wrap(objects.insert)  # the router's fallback for uploads
     server._t2t_corrected = True
     return server
+
+
+def _offsets(handler, objects):
+    """The object listing with GCS's `startOffset` and `endOffset` (names in [start, end)),
+    which the emulator ignores: TensorStore deletes a key range by listing it, and without them
+    deleted every object of the bucket."""
+    if handler is not objects.ls:
+        return handler
+
+    def run(request, response, storage, *args, **kwargs):
+        start = (request.query.get("startOffset") or [None])[0]
+        end = (request.query.get("endOffset") or [None])[0]
+        if start is None and end is None:
+            return handler(request, response, storage, *args, **kwargs)
+        answer = response.json
+
+        def within(data):
+            keep = lambda n: (start is None or n >= start) and (end is None or n < end)  # noqa: E731
+            items = [item for item in data.get("items", []) if keep(item["name"])]
+            answer(
+                {
+                    **data,
+                    "items": items,
+                    "prefixes": [p for p in data.get("prefixes", []) if keep(p)],
+                }
+            )
+
+        response.json = within
+        return handler(request, response, storage, *args, **kwargs)
+
+    return run
 
 
 def _resumable_incomplete(response, storage, upload_id, fallback_end=0):
