@@ -22,6 +22,7 @@ from flax import nnx
 
 from t2t import files
 from t2t import nn as t2t_nn
+from t2t.checkpoints.stored import Index, StoredArray
 from t2t.nn.config import TransformerConfig
 
 CONFIG_FILE = "config.json"
@@ -224,17 +225,7 @@ def params_from_hf(tensors: Mapping[str, np.ndarray], config: TransformerConfig)
     layout, config = config, config.replace(scan_layers=False)  # HF's layers are one by one
     table = rename_table(config)
     tensors = _drop_aliases(dict(tensors), config)
-    expected = {row.hf_key for row in table}
-    missing = sorted(expected - set(tensors))
-    unknown = sorted(set(tensors) - expected)
-    if missing or unknown:
-        raise ValueError(
-            "The HF tensors do not match the config: "
-            f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''} ({len(missing)}), "
-            f"unknown {unknown[:8]}{' ...' if len(unknown) > 8 else ''} ({len(unknown)}). "
-            "Check that config.json belongs to these weights (num_layers, num_decoder_layers, "
-            "feed_forward_proj, tie_word_embeddings)."
-        )
+    _check_keys(tensors, table)
     state = abstract_state(config)
     pure = state.to_pure_dict()
     for row in table:
@@ -277,6 +268,20 @@ def params_to_hf(state: nnx.State | Mapping, config: TransformerConfig) -> dict[
     return tensors
 
 
+def _check_keys(tensors: Mapping, table: list[Rename]) -> None:
+    expected = {row.hf_key for row in table}
+    missing = sorted(expected - set(tensors))
+    unknown = sorted(set(tensors) - expected)
+    if missing or unknown:
+        raise ValueError(
+            "The HF tensors do not match the config: "
+            f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''} ({len(missing)}), "
+            f"unknown {unknown[:8]}{' ...' if len(unknown) > 8 else ''} ({len(unknown)}). "
+            "Check that config.json belongs to these weights (num_layers, num_decoder_layers, "
+            "feed_forward_proj, tie_word_embeddings)."
+        )
+
+
 def abstract_state(config: TransformerConfig) -> nnx.State:
     """The parameter state of `t2t.nn.build(config)` as shapes only (no memory)."""
     model = nnx.eval_shape(lambda: t2t_nn.build(config, nnx.Rngs(0)))
@@ -293,6 +298,113 @@ def import_hf(directory: str | os.PathLike, **overrides) -> tuple[TransformerCon
     Returns:
       The t2t config and the parameter state for `t2t.nn.build(config)`.
     """
+    raw = _read_config(directory)
+    config = config_from_hf(raw, **overrides)
+    return config, params_from_hf(_load_tensors(directory), config)
+
+
+def open_hf(directory: str | os.PathLike, **overrides) -> tuple[TransformerConfig, dict]:
+    """A HF T5 directory's network and its parameters, not read yet: t2t path ('/'-joined,
+    unscanned) -> `StoredArray` reading only the rows of each safetensors array a slice needs
+    (local or gs://), transposed to t2t's layout. `import_hf`'s checks, without its memory.
+
+    Raises:
+      ValueError: missing or unknown tensors, or a shape that does not match the config.
+    """
+    config = config_from_hf(_read_config(directory), **overrides)
+    plain = config.replace(scan_layers=False)
+    tensors = _lazy_tensors(directory)
+    tensors = _drop_aliases(
+        tensors, plain, equal=lambda a, b: np.array_equal(a.read_all(), b.read_all())
+    )
+    table = rename_table(plain)
+    _check_keys(tensors, table)
+    arrays = {}
+    for row in table:
+        array = tensors[row.hf_key]
+        arrays["/".join(row.path)] = _transposed(array) if row.transpose else array
+    return config, arrays
+
+
+def _lazy_tensors(directory) -> dict[str, StoredArray]:
+    single = files.join(directory, WEIGHTS_FILE)
+    if files.exists(single):
+        shards = [single]
+    else:
+        index = json.loads(files.read_text(_require(directory, WEIGHTS_INDEX_FILE)))
+        shards = [files.join(directory, s) for s in sorted(set(index["weight_map"].values()))]
+    tensors = {}
+    for shard in shards:
+        tensors.update(_safetensors_arrays(shard))
+    return tensors
+
+
+# safetensors dtype names -> numpy (bfloat16 through ml_dtypes, as jax's).
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def _safetensors_arrays(path: str) -> dict[str, StoredArray]:
+    """The tensors of one safetensors file, each read by rows: an 8-byte header length, a JSON
+    header of dtype, shape and byte offsets, then the C-order data."""
+    import ml_dtypes  # noqa: F401 (registers bfloat16 with numpy)
+
+    with files.open_file(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is not a safetensors file (it is {len(head)} bytes long).")
+        length = int.from_bytes(head, "little")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            raise ValueError(f"{path}: its safetensors header is damaged or truncated.") from None
+    size = files.size(path)
+    start = 8 + length
+    arrays = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        if entry["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{path}: {key} is {entry['dtype']}, not a floating-point tensor.")
+        dtype = np.dtype(_SAFETENSORS_DTYPES[entry["dtype"]])
+        begin, end = entry["data_offsets"]
+        if start + end > size:
+            raise ValueError(
+                f"{path} is truncated: {key} ends at byte {start + end}, the file has {size}."
+            )
+        arrays[key] = _rows_reader(path, key, tuple(entry["shape"]), dtype, start + begin)
+    return arrays
+
+
+def _rows_reader(path, key, shape, dtype, offset) -> StoredArray:
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+
+    def read(index: Index) -> np.ndarray:
+        rows = range(shape[0])[index[0]] if shape else range(1)
+        first, last = (rows.start, rows.stop) if rows.step == 1 else (0, shape[0])
+        with files.open_file(path, "rb") as f:
+            f.seek(offset + first * row_bytes)
+            data = f.read((last - first) * row_bytes)
+        block = np.frombuffer(data, dtype).reshape((last - first, *shape[1:]) if shape else ())
+        if not shape:
+            return block
+        local = slice(rows.start - first, rows.stop - first, rows.step)
+        return block[(local, *index[1:])]
+
+    return StoredArray(f"{path}:{key}", shape, dtype, read)
+
+
+def _transposed(array: StoredArray) -> StoredArray:
+    """A 2-D array seen as its transpose, still read slice by slice."""
+    return StoredArray(
+        array.name,
+        tuple(reversed(array.shape)),
+        array.dtype,
+        lambda index: array.read(tuple(reversed(index))).T,
+        array.sliceable,
+    )
+
+
+def _read_config(directory) -> dict:
     path = _require(directory, CONFIG_FILE)
     try:
         raw = json.loads(files.read_bytes(path).decode("utf-8"))
@@ -303,8 +415,7 @@ def import_hf(directory: str | os.PathLike, **overrides) -> tuple[TransformerCon
         ) from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path} holds {type(raw).__name__}, not the JSON object of a HF config.")
-    config = config_from_hf(raw, **overrides)
-    return config, params_from_hf(_load_tensors(directory), config)
+    return raw
 
 
 def load_hf_model(directory: str | os.PathLike, **overrides) -> nnx.Module:
@@ -335,14 +446,14 @@ def export_hf(
     files.write_bytes(files.join(directory, WEIGHTS_FILE), save(tensors, metadata={"format": "pt"}))
 
 
-def _drop_aliases(tensors: dict, config: TransformerConfig) -> dict:
+def _drop_aliases(tensors: dict, config: TransformerConfig, equal=np.array_equal) -> dict:
     shared = tensors.get("shared.weight")
     aliases = list(_EMBEDDING_ALIASES)
     if config.logits_via_embedding:
         aliases.append("lm_head.weight")
     for key in aliases:
         if key in tensors and shared is not None:
-            if not np.array_equal(tensors[key], shared):
+            if not equal(tensors[key], shared):
                 raise ValueError(
                     f"{key} differs from shared.weight, but this config ties it to the shared "
                     "embedding. For separate output logits set tie_word_embeddings=false in "

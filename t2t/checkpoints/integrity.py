@@ -98,12 +98,30 @@ def fingerprints(tree: Any) -> dict[str, str]:
     ]
     if not flat:
         return {}
-    values = jax.device_get(
-        _fingerprints(
-            [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in flat]
-        )
-    )
+    leaves = [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in flat]
+    values = []
+    for group in _groups(leaves):
+        values += jax.device_get(_fingerprints(group))
+
     return {name: f"{int(value):08x}" for (name, _), value in zip(flat, values)}
+
+
+# NOTE: one program over every array of a large checkpoint holds buffers for all of their
+# intermediates at once (on a 2.3 GB checkpoint, about its size again): arrays go in groups.
+_GROUP_BYTES = 64 * 1024 * 1024
+
+
+def _groups(leaves: list) -> list[list]:
+    """`leaves` in consecutive groups of at most `_GROUP_BYTES` (a larger leaf alone)."""
+    groups, current, size = [], [], 0
+    for leaf in leaves:
+        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
+        if current and size + nbytes > _GROUP_BYTES:
+            groups.append(current)
+            current, size = [], 0
+        current.append(leaf)
+        size += nbytes
+    return [*groups, current] if current else groups
 
 
 def mismatches(expected: Mapping[str, str], tree: Any) -> list[str]:

@@ -35,6 +35,7 @@ class StoredArray:
       read: index (a tuple of slices, one per dimension) -> that part of the array, numpy.
       sliceable: whether `read` reads only the slice asked for (TensorStore) or the whole array
         every time (a TF bundle); `place` reads the latter once per parameter.
+      chunks: the shape of the pieces the store reads whole (zarr chunks), if it has any.
     """
 
     name: str
@@ -42,6 +43,7 @@ class StoredArray:
     dtype: np.dtype
     read: Callable[[Index], np.ndarray]
     sliceable: bool = True
+    chunks: tuple[int, ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -187,36 +189,117 @@ def place(arrays: Mapping[Path, StoredArray], abstract: nnx.State) -> nnx.State:
       arrays: path -> array in `abstract`'s layout (`stacked` for scanned layers).
       abstract: the run's parameters as `jax.ShapeDtypeStruct`s carrying shardings.
     """
-    values = {path: placed(arrays[path], leaf) for path, leaf in leaves(abstract)}
+    values = {}
+    for path, leaf in leaves(abstract):
+        values[path] = placed(arrays[path], leaf)
+        _return_freed_memory()
     state = jax.tree.map(lambda x: x, abstract)
     nnx.replace_by_pure_dict(state, _nested(values))
     return state
 
 
 def placed(stored: StoredArray, leaf: Any) -> jax.Array:
-    """One array read into the shards of `leaf`'s sharding, in `leaf`'s dtype."""
-    dtype = np.dtype(leaf.dtype)
-    sharding = leaf.sharding
-    if stored.sliceable:
-        return jax.make_array_from_callback(
-            tuple(leaf.shape), sharding, lambda index: _cast(stored.read(index), dtype)
-        )
-    whole = [None]  # read once, on the first device that asks, dropped after the last
+    """One array read into the shards of `leaf`'s sharding, in `leaf`'s dtype.
+
+    The part this process's devices hold (the box around their shards) is read once and each
+    device's shard cut from it: devices that share rows of a chunk, or hold copies, do not read
+    it again, and a process of a multi-host run reads its share only (a whole-array reader:
+    the whole array, once).
+    """
+    shape = tuple(leaf.shape)
+    indices = list(leaf.sharding.addressable_devices_indices_map(shape).values())
+    box = _bounding_box(shape, indices) if stored.sliceable else _whole(shape)
+    held = [_read_box(stored, box, np.dtype(leaf.dtype))]
+    served = set()
 
     def shard(index: Index) -> np.ndarray:
-        if whole[0] is None:
-            whole[0] = stored.read_all()
-        return _cast(whole[0][index], dtype)
+        local = tuple(
+            slice(*(_bounds(part, size)[i] - outer.start for i in (0, 1)))
+            for part, outer, size in zip(index, box, shape)
+        )
+        region = tuple((part.start, part.stop) for part in local)
+        if region in served:  # a replica: its own buffer, never memory another device writes
+            return np.array(held[0][local], copy=True)
+        served.add(region)
+        # NOTE: a view: a CPU device takes a C-contiguous numpy buffer as its own (no copy),
+        # so the box read becomes the parameters' memory; other devices copy it.
+        return held[0][local]
 
     try:
-        return jax.make_array_from_callback(tuple(leaf.shape), sharding, shard)
+        return jax.make_array_from_callback(shape, leaf.sharding, shard)
     finally:
-        whole[0] = None
+        held[0] = None
 
 
-def _cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    # NOTE: a copy, never a view: the device buffer must not keep a whole stored array alive.
-    return np.array(array, dtype=dtype, copy=True)
+# A box larger than this is read a group of whole chunk rows at a time into one buffer, so
+# that the store's own buffers stay small beside the array.
+_PIECE_BYTES = 64 * 1024 * 1024
+
+
+def _read_box(stored: StoredArray, box: Index, dtype: np.dtype) -> np.ndarray:
+    """The `box` of `stored` in `dtype`, as a buffer of its own."""
+    extent = tuple(part.stop - part.start for part in box)
+    row_bytes = int(np.prod(extent[1:], dtype=np.int64)) * np.dtype(stored.dtype).itemsize
+    chunk_rows = (stored.chunks or (1,))[0] if extent else 0
+    rows = max(1, _PIECE_BYTES // max(row_bytes * chunk_rows, 1)) * chunk_rows
+    if not stored.sliceable or not extent or rows >= extent[0]:
+        return _owned(stored.read(box), dtype)
+    out = np.empty(extent, dtype)
+    first = box[0].start - box[0].start % chunk_rows  # pieces on the chunks' row boundaries
+    for start in range(first, box[0].stop, rows):
+        low, high = max(start, box[0].start), min(start + rows, box[0].stop)
+        out[low - box[0].start : high - box[0].start] = stored.read((slice(low, high), *box[1:]))
+    return out
+
+
+def _owned(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`array` in `dtype`, as a writable buffer of its own (devices may take it over)."""
+    if array.dtype != dtype:
+        return array.astype(dtype)
+    if array.flags.writeable and array.flags.c_contiguous and array.base is None:
+        return array
+    return np.array(array, copy=True)
+
+
+def _whole(shape: tuple[int, ...]) -> Index:
+    return tuple(slice(0, size) for size in shape)
+
+
+def _bounds(part: slice, size: int) -> tuple[int, int]:
+    start, stop, step = part.indices(size)
+    assert step == 1, "shards are contiguous"
+    return start, stop
+
+
+def _return_freed_memory() -> None:
+    """Hands the memory of the arrays just freed back to the system (glibc keeps it in its
+    arenas otherwise, scattered between live blocks: on a 2.3 GB import, 0.1-0.2x of it)."""
+    if _LIBC:
+        _LIBC[0].malloc_trim(0)
+
+
+def _glibc() -> list:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return [libc] if hasattr(libc, "malloc_trim") else []
+    except OSError:  # not glibc (macOS, musl): nothing to return
+        return []
+
+
+_LIBC = _glibc()
+
+
+def _bounding_box(shape: tuple[int, ...], indices: list[Index]) -> Index:
+    """The smallest box holding every index of `indices` (the shards of this process)."""
+    if not indices:
+        return _whole(shape)
+    box = []
+    for axis, size in enumerate(shape):
+        bounds = [_bounds(index[axis], size) for index in indices]
+        box.append(slice(min(b[0] for b in bounds), max(b[1] for b in bounds)))
+    return tuple(box)
 
 
 def leaves(tree: nnx.State | Mapping) -> list[tuple[Path, Any]]:

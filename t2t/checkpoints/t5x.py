@@ -244,16 +244,23 @@ def _tensorstore_array(
                 "missing or damaged."
             ) from None
 
-    return StoredArray(name, tuple(store.shape), np.dtype(store.dtype.numpy_dtype), read)
+    chunks = tuple(store.chunk_layout.read_chunk.shape or ()) or None
+    return StoredArray(
+        name, tuple(store.shape), np.dtype(store.dtype.numpy_dtype), read, chunks=chunks
+    )
+
+
+_CONTEXT = []
 
 
 def _context():
+    """One TensorStore context for every array of the process (its thread pools are shared);
+    no cache: each slice is read once and goes straight to a device."""
     import tensorstore as ts
 
-    # No cache: each slice is read once and goes straight to a device.
-    return ts.Context(
-        {"cache_pool": {"total_bytes_limit": 0}, "file_io_concurrency": {"limit": 64}}
-    )
+    if not _CONTEXT:
+        _CONTEXT.append(ts.Context({"cache_pool": {"total_bytes_limit": 0}}))
+    return _CONTEXT[0]
 
 
 def _kvstore(path: str) -> dict:

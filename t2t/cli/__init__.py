@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     # same numbers, and on an H100 T5.1.1-base's parameter init took 15 s instead of 106 s
     # (benchmarks/README.md, GPU benchmark job 14). Read when JAX starts; no effect elsewhere.
     os.environ.setdefault("JAX_THREEFRY_GPU_KERNEL_LOWERING", "1")
+    # TensorFlow only reads data and checkpoints here, it runs no model math; its oneDNN
+    # kernels keep a memory pool that grows with the largest tensor a checkpoint reader passes
+    # (docs/model.md, "Start from a released checkpoint"). Read when TensorFlow starts.
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     _persistent_compilation_cache()
     argv = sys.argv[1:] if argv is None else list(argv)
     show_traceback = "--traceback" in argv or os.environ.get("T2T_TRACEBACK") == "1"

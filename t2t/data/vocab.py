@@ -59,6 +59,7 @@ def check_model_file(path: str, flag: str = "--vocabulary_file") -> None:
 
 
 _default_override: str | None = None
+_default_extra_ids: int | None = None
 _default_instances: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> vocab
 
 
@@ -68,15 +69,31 @@ def default_vocabulary_path() -> str:
     return _default_override or os.environ.get("T2T_VOCABULARY", T5_VOCABULARY_PATH)
 
 
-def set_default_vocabulary(path: str | None) -> None:
-    """Makes `default_vocabulary()` read `path` (None: back to `$T2T_VOCABULARY` / T5's).
+def default_vocabulary_extra_ids() -> int | None:
+    """The sentinels the default vocabulary appends: the run's choice, else
+    `$T2T_VOCABULARY_EXTRA_IDS`, else None (each task's own, T5's 100). mT5's vocabulary holds
+    its 100 sentinels already (`mc4.250000.100extra`): 0 there."""
+    if _default_extra_ids is not None:
+        return _default_extra_ids
+    value = os.environ.get("T2T_VOCABULARY_EXTRA_IDS")
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"T2T_VOCABULARY_EXTRA_IDS={value!r}: expected a count, e.g. 0 or 100.")
+    return int(value)
+
+
+def set_default_vocabulary(path: str | None, extra_ids: int | None = None) -> None:
+    """Makes `default_vocabulary()` read `path` (None: back to `$T2T_VOCABULARY` / T5's), with
+    `extra_ids` sentinels (None: `$T2T_VOCABULARY_EXTRA_IDS`, else the tasks' 100).
 
     A run that starts from a checkpoint carrying its tokenizer (a HF directory's `spiece.model`,
     a t2t model directory's copy) calls this, so the tasks registered with the default
     vocabulary tokenize as the checkpoint was trained. Already loaded models are dropped.
     """
-    global _default_override
+    global _default_override, _default_extra_ids
     _default_override = path
+    _default_extra_ids = extra_ids
     for vocabulary in list(_default_instances.values()):
         vocabulary._model = None
 
@@ -96,6 +113,15 @@ class DefaultVocabulary(seqio.SentencePieceVocabulary):
     @_sentencepiece_model_file.setter
     def _sentencepiece_model_file(self, value: str) -> None:
         del value  # decided at use, above
+
+    @property
+    def _extra_ids(self) -> int:
+        chosen = default_vocabulary_extra_ids()
+        return self._registered_extra_ids if chosen is None else chosen
+
+    @_extra_ids.setter
+    def _extra_ids(self, value: int) -> None:
+        self._registered_extra_ids = value
 
     def __setstate__(self, state):
         super().__setstate__(state)

@@ -219,28 +219,8 @@ def load_params(
     path, spec_step = resolve(path)
     step = spec_step if step is None else step
     kind = checkpoint_kind(path)
-    if kind == HF:
-        source, state = hf.import_hf(path, scan_layers=config.scan_layers)
-        description: dict[str, Any] = {"kind": HF, "path": files.absolute(path)}
-        check_compatible(source, config, f"HF checkpoint {path}", reinit=bool(reinit))
-        if not (reinit or config.additions):
-            return _place(nnx.to_pure_dict(state), abstract_params), description
-        values = nnx.to_pure_dict(state)
-    elif kind in released.FORMATS:
-        opened = released.open_checkpoint(path, step)
-        if jax.process_index() == 0:
-            print(f"Starting from {opened.describe()}", flush=True)
-        what = f"the {kind} checkpoint {opened.path}"
-        # The shapes are checked parameter by parameter below (naming the first that differs);
-        # here only what the checkpoint records and no shape shows.
-        unchecked = (*opened.assumed, *released.SHAPE_FIELDS)
-        check_compatible(opened.config, config, what, reinit=bool(reinit), assumed=unchecked)
-        source = opened.config
-        description = {"kind": kind, "path": files.absolute(opened.path), "step": opened.step}
-        plain = config.replace(scan_layers=False, adapter_size=0, lora_rank=0, prompt_length=0)
-        arrays = stored.match(
-            opened.params, hf.abstract_state(plain if not reinit else source), what
-        )
+    if kind == HF or kind in released.FORMATS:
+        source, arrays, description = _read_lazily(kind, path, step, config, bool(reinit))
         if config.scan_layers:
             arrays = stored.stack_layers(arrays)
         if not (reinit or config.additions):
@@ -258,6 +238,33 @@ def load_params(
         description["merged_lora"] = True
     merged = _with_fresh(values, config, partitioner, reinit, seed, prompt_init, description)
     return _place(merged, abstract_params), description
+
+
+def _read_lazily(kind: str, path: str, step: int | None, config: TransformerConfig, reinit: bool):
+    """(source config, path -> `StoredArray` in the unscanned layout, description) of a HF
+    directory or a released checkpoint, checked against the run's network, nothing read yet."""
+    if kind == HF:
+        source, named = hf.open_hf(path)
+        what = f"HF checkpoint {path}"
+        check_compatible(source, config, what, reinit=reinit)
+        description: dict[str, Any] = {"kind": HF, "path": files.absolute(path)}
+        return (
+            source,
+            stored.match(named, hf.abstract_state(source.replace(scan_layers=False)), what),
+            description,
+        )
+    opened = released.open_checkpoint(path, step)
+    if jax.process_index() == 0:
+        print(f"Starting from {opened.describe()}", flush=True)
+    what = f"the {kind} checkpoint {opened.path}"
+    # The shapes are checked parameter by parameter below (naming the first that differs);
+    # here only what the checkpoint records and no shape shows.
+    unchecked = (*opened.assumed, *released.SHAPE_FIELDS)
+    check_compatible(opened.config, config, what, reinit=reinit, assumed=unchecked)
+    description = {"kind": kind, "path": files.absolute(opened.path), "step": opened.step}
+    plain = config.replace(scan_layers=False, adapter_size=0, lora_rank=0, prompt_length=0)
+    shapes = hf.abstract_state(opened.config if reinit else plain)
+    return opened.config, stored.match(opened.params, shapes, what), description
 
 
 def _with_fresh(values, config, partitioner, reinit, seed, prompt_init, description) -> dict:
@@ -308,6 +315,11 @@ def _restore_t2t(path, step, config, abstract_params, partitioner, reinit):
                 "partitioner."
             )
         _, target = partitioner.abstract_model(lambda: t2t_nn.build(source, nnx.Rngs(params=0)))
+    if same and source.scan_layers == config.scan_layers:
+        params = _read_in_shards(path, metadata, abstract_params)
+        if params is not None:
+            manager.close()
+            return source, params, metadata["step"]
     try:
         restored = manager.restore(metadata["step"], abstract_params=target)
     finally:
@@ -322,6 +334,24 @@ def _restore_t2t(path, step, config, abstract_params, partitioner, reinit):
     if same:
         return source, params, restored.step
     return source, nnx.to_pure_dict(params), restored.step
+
+
+def _read_in_shards(path: str, metadata: dict, abstract_params: nnx.State) -> nnx.State | None:
+    """A t2t checkpoint's parameters read array by array straight into the run's shards, as a
+    released checkpoint's are (Orbax's own restore holds more beside them), their checksums
+    verified; None when anything is off, for Orbax's restore to read it and say what."""
+    from t2t.checkpoints import integrity, t5x
+
+    item = files.join(_model_dir(path), CHECKPOINTS_SUBDIR, str(metadata["step"]), "params")
+    expected = (metadata.get("checksums") or {}).get("params")
+    try:
+        named = t5x.read_orbax_item(item)
+        params = stored.place(stored.match(named, abstract_params, item), abstract_params)
+    except (ValueError, OSError):
+        return None
+    if expected is not None and integrity.mismatches(expected, nnx.to_pure_dict(params)):
+        return None
+    return params
 
 
 def _place(values: Any, abstract_params: nnx.State) -> nnx.State:

@@ -108,3 +108,24 @@ def test_bad_inputs_say_what_to_do(tmp_path):
     tiny = ["just a few words here"] * 3
     with pytest.raises(ValueError, match="too small for 5000 pieces"):
         vocab.train_sentencepiece(tiny, str(tmp_path / "tiny.model"), num_pieces=5000)
+
+
+def test_the_default_vocabulary_takes_a_vocabulary_that_holds_its_sentinels(
+    builtin_corpus, monkeypatch
+):
+    # mT5's mc4.250000.100extra holds its 100 sentinels as pieces: no extra ids go on top.
+    path = builtin_corpus.vocabulary_path
+    pieces = spm.SentencePieceProcessor(model_file=path).get_piece_size()
+    registered = vocab.DefaultVocabulary()  # as a task registers it, before the run chose
+    monkeypatch.setenv("T2T_VOCABULARY", path)
+    assert registered.vocab_size == pieces + 100
+    monkeypatch.setenv("T2T_VOCABULARY_EXTRA_IDS", "0")
+    vocab.set_default_vocabulary(None)  # drops the loaded model
+    assert registered.vocab_size == pieces and registered.extra_ids == 0
+    assert registered.decode(registered.encode("def f(): pass")) == "def f(): pass"
+    vocab.set_default_vocabulary(path, extra_ids=100)
+    assert registered.vocab_size == pieces + 100 and vocab.sentinel_id(registered, 0) == pieces + 99
+    monkeypatch.setenv("T2T_VOCABULARY_EXTRA_IDS", "some")
+    vocab.set_default_vocabulary(None)
+    with pytest.raises(ValueError, match="expected a count"):
+        registered.extra_ids
