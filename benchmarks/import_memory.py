@@ -169,12 +169,11 @@ def _rchar() -> int:
 def measure(kind: str, directory: str) -> dict:
     import jax
     import numpy as np
+    import tensorflow  # noqa: F401 (loaded by every training run for its data, ~0.5 GB: baseline)
 
     from t2t import partitioning
     from t2t.checkpoints import stored
     from t2t.trainer import init, sources
-
-    import tensorflow  # noqa: F401 (loaded by every training run for its data, ~0.5 GB: baseline)
 
     partitioning.initialize_distributed()
     cfg = config()
