@@ -52,8 +52,8 @@ def test_finetuning_starts_from_a_t5x_checkpoint_in_the_bucket(
     gcs,
     bucket_dir,
     clean_dir,
-    small_vocabulary_task,
-    capsys,  # noqa: F811
+    small_vocabulary_task,  # noqa: F811 (the fixture imported above)
+    capsys,
 ):
     source = _in_bucket("t5x_legacy_tensorstore", bucket_dir)
     run = f"{bucket_dir}/run"
