@@ -3,8 +3,9 @@
 A synthetic T5.1.1-shaped network of 2.4 GB of float32 parameters (d_model 2048, d_ff 8192,
 32 heads of 64, 3 + 3 layers, vocabulary 32128) is written once in every format t2t reads:
 legacy T5X (t2t's writer), T5X on Orbax (Orbax's own PyTree writer, the layout T5X's manager
-gives), Mesh TensorFlow (TensorFlow's own bundle writer, MTF's names), HF safetensors and a t2t
-model directory. Each is then imported in a fresh process through the shipped path,
+gives, from arrays sharded over 8 devices as a pod run saves them), Mesh TensorFlow
+(TensorFlow's own bundle writer, MTF's names), HF safetensors and a t2t model directory (saved
+sharded, by t2t's checkpoint manager). Each is then imported in a fresh process through the shipped path,
 `t2t.trainer.sources.load_params` (what `init_checkpoint` runs), onto an 8-device CPU mesh with
 FSDP sharding, and the process reports:
 
@@ -102,6 +103,20 @@ def _mtf_name(path: tuple[str, ...]) -> str:
     return f"{block}/layer_000/SelfAttention/{sub}"
 
 
+def _sharded(params: dict) -> dict:
+    """`params` placed over an 8-device mesh with FSDP sharding, as a nested dict."""
+    from t2t import partitioning
+    from t2t.checkpoints import stored
+    from t2t.trainer import init
+
+    partitioner = partitioning.make_partitioner(-1, 1, mode="fsdp")
+    abstract = dict(stored.leaves(init.abstract_model(config(), partitioner, 0)))
+    placed = {
+        path: stored.placed(stored.in_memory("", a), abstract[path]) for path, a in params.items()
+    }
+    return stored._nested(placed)
+
+
 def write(kind: str, directory: str) -> None:
     from t2t.checkpoints import hf, t5x
     from t2t.conversion import t5x_slots
@@ -116,12 +131,9 @@ def write(kind: str, directory: str) -> None:
     elif kind == "t5x_orbax":
         import orbax.checkpoint as ocp
 
-        tree = {"target": {}, "state": {"step": 1, "param_states": {}}}
-        for path, array in params.items():
-            node = tree["target"]
-            for name in path[:-1]:
-                node = node.setdefault(name, {})
-            node[path[-1]] = array
+        # Saved from arrays sharded over 8 devices, as a pod's T5X run saves: Orbax's chunks
+        # are the shards.
+        tree = {"target": _sharded(params), "state": {"step": 1}}
         ocp.PyTreeCheckpointer().save(os.path.join(target, "checkpoint_1", "state"), tree)
     elif kind == "mtf":
         import tensorflow as tf
@@ -144,10 +156,16 @@ def write(kind: str, directory: str) -> None:
             node[path[-1]] = array
         hf.export_hf(target, config(), nested)
     elif kind == "t2t":
-        from t2t import conversion
+        from flax import nnx
 
-        del params
-        conversion.convert(os.path.join(directory, "t5x"), target, "t2t")
+        from t2t.checkpoints import manager
+
+        state = hf.abstract_state(config())
+        nnx.replace_by_pure_dict(state, _sharded(params))
+        saving = manager.CheckpointManager(target, keep=None, async_save=False)
+        saving.save(1, params=state, metadata={"config": config()})
+        saving.wait_until_finished()
+        saving.close()
 
 
 # -- importing (each measurement in its own process) ---------------------------------------------
@@ -255,7 +273,8 @@ def main() -> None:
     for kind in ("t5x", *[k for k in formats if k != "t5x"]):
         print(f"writing {kind} ...", flush=True)
         started = time.perf_counter()
-        _result_or_none(_run(["--dir", args.dir, "--_write", kind], cpu))
+        devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+        _result_or_none(_run(["--dir", args.dir, "--_write", kind], {**cpu, **devices}))
         print(f"  {time.perf_counter() - started:.0f} s", flush=True)
     results = {"config": SIZE, "one_process": [], "two_processes": []}
     for kind in formats:

@@ -34,8 +34,9 @@ ORBAX_METADATA = "_METADATA"
 VERSION = 3
 SLOTS = ("m", "v", "v_col", "v_row")
 _STEP_FOLDER = re.compile(r"checkpoint_(\d+)")
-# T5X's own choice: chunks of at most 64 MiB, each dimension a divisor of the array's.
+# Chunks of at most 64 MiB (T5X's own limit) and 1024 a side, each dimension a divisor.
 _CHUNK_BYTES = 64 * 1024 * 1024
+_CHUNK_SIDE = 1024
 
 
 class T5xFormatError(ValueError):
@@ -374,14 +375,22 @@ def _write_zarr(ts, folder: str, name: str, array: np.ndarray) -> dict:
     }
 
 
-def chunk_shape(shape: tuple[int, ...], itemsize: int, limit: int = _CHUNK_BYTES) -> list[int]:
-    """The largest chunk of at most `limit` bytes whose every dimension divides the array's:
-    the largest dimension is cut to its next smaller divisor until the chunk fits.
+def chunk_shape(
+    shape: tuple[int, ...], itemsize: int, limit: int = _CHUNK_BYTES, side: int = _CHUNK_SIDE
+) -> list[int]:
+    """Chunks whose every dimension divides the array's and is at most `side` long, cut further
+    (the largest dimension to its next smaller divisor) until a chunk holds at most `limit`
+    bytes. Short sides let a process of a multi-host run read only the chunks of its own shards
+    whichever dimensions its mesh splits (TensorStore reads a chunk whole).
 
-    Example: shape (32128, 4096), float32, 64 MiB -> [4016, 4096] (4016 divides 32128).
+    Example: shape (32128, 2048), float32 -> [1004, 1024] (1004 divides 32128, 4 MB a chunk).
     """
     divisors = [[d for d in range(1, size + 1) if size % d == 0] or [1] for size in shape]
-    chunk = [d[-1] for d in divisors]
+    chunk = []
+    for options in divisors:
+        while len(options) > 1 and options[-1] > side:
+            options.pop()
+        chunk.append(options[-1])
     while int(np.prod(chunk, dtype=np.int64)) * itemsize > limit and max(chunk, default=1) > 1:
         widest = max(range(len(chunk)), key=lambda i: chunk[i])
         divisors[widest].pop()

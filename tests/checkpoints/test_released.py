@@ -244,7 +244,8 @@ def test_the_format_is_told_from_the_files(tmp_path):
     assert released.detect(fixture("mtf_v10")) == released.MTF
     assert released.detect(os.path.join(fixture("mtf_v10"), "model.ckpt-0")) == released.MTF
     assert released.detect(str(tmp_path)) is None
-    assert t5x.chunk_shape((32128, 4096), 4) == [4016, 4096]
+    assert t5x.chunk_shape((32128, 2048), 4) == [1004, 1024]
+    assert t5x.chunk_shape((4, 1024, 4096), 4, limit=1 << 20) == [4, 256, 256]
     assert t5x.chunk_shape((32, 48), 2) == [32, 48]
 
 
