@@ -406,11 +406,18 @@ def evaluate_model_dir(
     """
     from t2t.checkpoints import model_dir as model_dir_lib
 
-    directory = model_dir_lib.ModelDir(model_dir)
+    directory = model_dir_lib.open_model_dir(model_dir)
+    log_dir = files.join(directory.path, "eval")
+    if not getattr(directory, "writable", True):  # a released checkpoint's folder
+        if output_file is None:
+            raise ValueError(
+                f"{model_dir} is a released checkpoint, and nothing is written beside it: give "
+                "--output_file for the results."
+            )
+        log_dir = files.parent(output_file)
     chosen, newest = _chosen_steps(directory, steps, partitioner)
     config = directory.config(chosen[-1])
     model = models.model_for(config)
-    log_dir = files.join(directory.path, "eval")
     evaluator = Evaluator(
         model,
         mixtures_or_tasks,

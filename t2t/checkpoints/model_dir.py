@@ -233,6 +233,83 @@ class ModelDir:
         return results
 
 
+class ReleasedDir:
+    """A checkpoint another framework released (T5X, T5X on Orbax, Mesh TensorFlow) read as a
+    model directory of one checkpoint, for `t2t eval` and `t2t infer`; it carries no
+    vocabulary (tasks bring theirs; files need `--vocabulary_file`) and is never written to.
+
+    Attributes:
+      path: the folder given.
+    """
+
+    writable = False
+
+    def __init__(self, path: str | os.PathLike):
+        from t2t.checkpoints import released
+
+        self.path = os.fspath(path)
+        self._opened = released.open_checkpoint(self.path, dropout_rate=0.0)
+
+    def steps(self) -> list[int]:
+        return [self._opened.step]
+
+    def resolve_step(self, step: int | None) -> int:
+        if step is not None and step != self._opened.step:
+            raise ValueError(
+                f"{self._opened.path} is the checkpoint of step {self._opened.step}, not {step}; "
+                "give the folder of that step."
+            )
+        return self._opened.step
+
+    def metadata(self, step: int | None = None) -> dict[str, Any]:
+        origin = {"kind": self._opened.format, "path": self._opened.path}
+        return {"step": self.resolve_step(step), "initialized_from": origin}
+
+    def config(self, step: int | None = None) -> t2t_nn.TransformerConfig:
+        self.resolve_step(step)
+        return self._opened.config
+
+    def vocabulary_file(self, step: int | None = None) -> tuple[str, int]:
+        raise ValueError(
+            f"{self.path} is a {self._opened.format} checkpoint, which carries no vocabulary; "
+            "pass its SentencePiece model (--vocabulary_file=PATH; docs/model.md lists the "
+            "releases' vocabularies)."
+        )
+
+    def vocabulary(self, step: int | None = None) -> seqio.SentencePieceVocabulary:
+        path, extra_ids = self.vocabulary_file(step)
+        return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+    def gin_config_path(self) -> str | None:
+        return None
+
+    def load(self, step: int | None = None, *, partitioner: Any = None) -> Loaded:
+        from t2t.checkpoints import hf, stored
+
+        step = self.resolve_step(step)
+        config = self._opened.config
+        if partitioner is None:
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            abstract = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                hf.abstract_state(config),
+            )
+        else:
+            abstract = partitioner.abstract_model(lambda: t2t_nn.build(config, nnx.Rngs(0)))[1]
+        arrays = stored.match(self._opened.params, hf.abstract_state(config), self._opened.path)
+        return Loaded(step, config, stored.place(arrays, abstract), self.metadata(step))
+
+
+def open_model_dir(path: str | os.PathLike) -> ModelDir | ReleasedDir:
+    """The model directory at `path`: a t2t one, or a released checkpoint read as one."""
+    from t2t.checkpoints import released
+
+    if not files.isdir(files.join(os.fspath(path), manager_lib.CHECKPOINTS_SUBDIR)):
+        if released.detect(os.fspath(path)) is not None:
+            return ReleasedDir(path)
+    return ModelDir(path)
+
+
 def load_members(
     model_dir: str | None,
     checkpoints: Sequence[str | int] = (),
@@ -259,12 +336,12 @@ def load_members(
     if not checkpoints:
         if model_dir is None:
             raise ValueError("Pass model_dir (and optionally step), or checkpoints.")
-        loaded = ModelDir(model_dir).load(step, partitioner=partitioner)
+        loaded = open_model_dir(model_dir).load(step, partitioner=partitioner)
         return loaded, loaded.params
     members = []
     for spec in checkpoints:
         path, member_step = parse_member(spec, model_dir)
-        members.append(ModelDir(path).load(member_step, partitioner=partitioner))
+        members.append(open_model_dir(path).load(member_step, partitioner=partitioner))
     for member, spec in zip(members[1:], checkpoints[1:]):
         if member.config != members[0].config:
             raise ValueError(

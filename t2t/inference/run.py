@@ -169,4 +169,4 @@ def _checkpoint_vocabulary(loaded, model_dir, checkpoints) -> seqio.Vocabulary:
     from t2t.checkpoints import model_dir as model_dir_lib
 
     path = model_dir or model_dir_lib.parse_member(checkpoints[0], model_dir)[0]
-    return model_dir_lib.ModelDir(path).vocabulary(loaded.step)
+    return model_dir_lib.open_model_dir(path).vocabulary(loaded.step)

@@ -18,9 +18,9 @@ TASK = f"{TASK_PREFIX}_span_corruption"
 
 @pytest.fixture(scope="module")
 def small_vocabulary_task(tmp_path_factory):
-    """A span-corruption task over text of eight letters, tokenized with 20 pieces + 100
-    sentinels: it fits the fixtures' 128-row embeddings (a real run brings the release's own
-    vocabulary; the fixtures come with none)."""
+    """Registers TASK, span corruption over text of eight letters tokenized with 20 pieces +
+    100 sentinels, which fits the fixtures' 128-row embeddings (a real run brings the
+    release's own vocabulary; the fixtures come with none); returns the SentencePiece model."""
     root = tmp_path_factory.mktemp("text")
     rng = random.Random(0)
     lines = [
@@ -36,7 +36,7 @@ def small_vocabulary_task(tmp_path_factory):
     text.register_text_file_tasks(
         TASK_PREFIX, splits, vocab.load_vocabulary(model), objectives=("span_corruption",)
     )
-    return TASK
+    return model  # the registered task is TASK
 
 
 def finetune(model_dir, init, steps, *extra) -> int:
@@ -112,3 +112,24 @@ def test_a_release_that_contradicts_the_runs_network_is_refused(
     err = capsys.readouterr().err
     assert "mlp/wi_0/kernel has shape (32, 80), but the model's" in err and "(32, 64)" in err
     assert "Traceback" not in err
+
+
+def test_infer_reads_a_release_as_it_is(small_vocabulary_task, tmp_path, capsys):
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text('{"inputs": "abc dea"}\n{"inputs": "hhg"}\n')
+    argv = [
+        "infer",
+        f"--model_dir={fixture('mtf_v11')}",
+        f"--input_file={inputs}",
+        f"--output_file={tmp_path / 'out.jsonl'}",
+        "--max_decode_length=4",
+    ]
+    assert cli.main(argv) == 2  # a release carries no vocabulary
+    assert "carries no vocabulary; pass its SentencePiece model" in capsys.readouterr().err
+    assert cli.main([*argv, f"--vocabulary_file={small_vocabulary_task}"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["inputs"] for r in records] == ["abc dea", "hhg"]
+    assert all(isinstance(r["prediction"], str) for r in records)
+    evaluate = ["eval", f"--model_dir={fixture('t5x_orbax')}", f"--tasks={TASK}"]
+    assert cli.main(evaluate) == 2
+    assert "released checkpoint, and nothing is written beside it" in capsys.readouterr().err
