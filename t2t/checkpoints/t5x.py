@@ -199,7 +199,22 @@ def _zarr_array(name: str, spec: dict, folder: str) -> StoredArray:
         "kvstore": _kvstore(files.join(folder, relative)),
     }
     shape = None if shape is None else tuple(shape)
-    return _tensorstore_array(name, opened, shape, strict=_is_param(name))
+    if _is_param(name) or shape is None or "dtype" not in spec:
+        return _tensorstore_array(name, opened, shape, strict=_is_param(name))
+    return _later(name, opened, shape, spec["dtype"])
+
+
+def _later(name: str, spec: dict, shape: tuple[int, ...], dtype: str) -> StoredArray:
+    """An optimizer slot opened on its first read: a weights-only import of a large release
+    does not open its hundreds of slot arrays (a request or more each on a bucket)."""
+    opened: list[StoredArray] = []
+
+    def read(index: Index) -> np.ndarray:
+        if not opened:
+            opened.append(_tensorstore_array(name, spec, shape, strict=False))
+        return opened[0].read(index)
+
+    return StoredArray(name, shape, np.dtype(dtype), read)
 
 
 def _is_param(name: str) -> bool:
@@ -324,6 +339,24 @@ def write_legacy(
     if files.exists(staging):
         files.rmtree(staging)
     files.makedirs(staging)
+    try:
+        target, param_states = _write_arrays(ts, staging, params, slots, dtype, on_array)
+        state = {"step": np.asarray(step, np.int32), "param_states": param_states}
+        contents = {"version": VERSION, "optimizer": {"target": target, "state": state}}
+        from flax import serialization
+
+        msgpack = serialization.msgpack_serialize(contents)
+        files.write_bytes(files.join(staging, MSGPACK_FILE), msgpack)
+    except BaseException:
+        files.rmtree(staging)  # nothing half-written stays behind
+        raise
+    files.move(staging, final)
+    return final
+
+
+def _write_arrays(ts, staging, params, slots, dtype, on_array) -> tuple[dict, dict]:
+    """Every parameter and slot into `staging`: (target tree, param_states tree) of specs
+    (zarr arrays) and inline arrays, as the msgpack file holds them."""
     target: dict = {}
     param_states: dict = {}
     for path in sorted(params):
@@ -340,13 +373,7 @@ def write_legacy(
         _put(param_states, path, states)
         if on_array is not None:
             on_array("/".join(path))
-    state = {"step": np.asarray(step, np.int32), "param_states": param_states}
-    contents = {"version": VERSION, "optimizer": {"target": target, "state": state}}
-    from flax import serialization
-
-    files.write_bytes(files.join(staging, MSGPACK_FILE), serialization.msgpack_serialize(contents))
-    files.move(staging, final)
-    return final
+    return target, param_states
 
 
 def _write_zarr(ts, folder: str, name: str, array: np.ndarray) -> dict:

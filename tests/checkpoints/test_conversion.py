@@ -172,3 +172,13 @@ def test_what_convert_refuses(tmp_path, capsys):
     assert convert(fixture("mtf_google_names"), tmp_path / "o", "t2t") == 2
     assert "data-00001-of-00002 is missing" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_t5x_write_that_fails_leaves_no_step_folder(tmp_path, capsys):
+    from .test_released import copy_of
+
+    folder = os.path.join(copy_of("t5x_legacy_tensorstore", tmp_path), "checkpoint_2")
+    os.remove(os.path.join(folder, "target.encoder.layers_1.mlp.wo.kernel", "0.0"))
+    assert convert(folder, tmp_path / "out", "t5x") == 2  # fails half way through the arrays
+    assert "target/encoder/layers_1/mlp/wo/kernel: reading it failed" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "out") == []  # neither checkpoint_2 nor its staging folder

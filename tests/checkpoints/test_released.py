@@ -157,10 +157,17 @@ def _rewrite_msgpack(folder: str, edit) -> None:
         f.write(serialization.msgpack_serialize(contents))
 
 
-def test_broken_t5x_checkpoints_are_refused_naming_what_is_wrong(tmp_path):
-    def refused(path, pattern):
-        with pytest.raises(ValueError, match=pattern):
-            opened, _ = load(path)
+def test_broken_t5x_checkpoints_are_refused_naming_what_is_wrong(tmp_path, capsys):
+    import re
+
+    from t2t import cli
+
+    def refused(path, pattern):  # exit 2, one line saying what is wrong, nothing written
+        out = tmp_path / "out"
+        assert cli.main(["convert", path, str(out), "--to=t2t"]) == 2
+        err = capsys.readouterr().err
+        assert re.search(pattern, err) and "Traceback" not in err, err
+        assert not out.exists()
 
     folder = os.path.join(copy_of("t5x_legacy_tensorstore", tmp_path / "a"), "checkpoint_2")
     msgpack = os.path.join(folder, t5x.MSGPACK_FILE)
@@ -228,6 +235,19 @@ def test_per_layer_position_biases_are_refused_as_umt5s_layout(tmp_path):
     _rewrite_msgpack(folder, per_layer)
     with pytest.raises(ValueError, match=r"relative position bias in every layer .* umT5"):
         released.open_checkpoint(folder)
+
+
+def test_the_depths_of_the_stacks_come_from_the_layers_present(tmp_path):
+    # ByT5's encoder is three times as deep as its decoder.
+    folder = os.path.join(copy_of("t5x_legacy_google", tmp_path), "checkpoint_0")
+
+    def one_decoder_layer(contents):
+        contents["optimizer"]["target"]["decoder"].pop("layers_1")
+        contents["optimizer"]["state"]["param_states"]["decoder"].pop("layers_1")
+
+    _rewrite_msgpack(folder, one_decoder_layer)
+    config = released.open_checkpoint(folder).config
+    assert (config.num_encoder_layers, config.num_decoder_layers) == (2, 1)
 
 
 def test_the_format_is_told_from_the_files(tmp_path):
