@@ -74,17 +74,11 @@ def open_source(path: str, step: int | None = None) -> Source:
     if files.isdir(files.join(path, manager_lib.CHECKPOINTS_SUBDIR)):
         return _open_t2t(path, step)
     if files.exists(files.join(path, hf.CONFIG_FILE)):
-        config, state = hf.import_hf(path)
+        config, named = hf.open_hf(path)  # read array by array, as it is written
+        params = {tuple(name.split("/")): array for name, array in named.items()}
         vocabulary = files.join(path, model_dir_lib.VOCABULARY_FILE)
-        return Source(
-            HF,
-            path,
-            0 if step is None else step,
-            config,
-            _in_memory(nnx.to_pure_dict(state)),
-            {},
-            vocabulary if files.exists(vocabulary) else None,
-        )
+        vocabulary = vocabulary if files.exists(vocabulary) else None
+        return Source(HF, path, 0 if step is None else step, config, params, {}, vocabulary)
     if released.detect(path) is not None:
         opened = released.open_checkpoint(path, step)
         params = {tuple(p.split("/")): a for p, a in opened.params.items()}
